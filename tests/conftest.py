@@ -1,0 +1,39 @@
+"""Test tiers (TESTING.md §D0): the device is picked here, once.
+
+No GPU: tests run on the CPU and Triton kernels run under the interpreter (TRITON_INTERPRET=1 is
+set before anything imports triton). `gpu` tests are skipped with the reason; `hip` tests need the
+HIP backend built for the device; `slow` tests need PAGEDATTN_SLOW=1.
+"""
+import os
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("PAGEDATTN_VALIDATE", "1")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("ci", max_examples=300, stateful_step_count=60, deadline=None,
+                          derandomize=True, suppress_health_check=list(HealthCheck))
+settings.register_profile("deep", max_examples=20000, stateful_step_count=120, deadline=None,
+                          suppress_health_check=list(HealthCheck))
+settings.register_profile("dev", max_examples=50, stateful_step_count=30, deadline=None,
+                          derandomize=True, suppress_health_check=list(HealthCheck))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = os.environ.get("PAGEDATTN_SLOW", "") not in ("", "0")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(pytest.mark.skip(reason="needs a GPU (the H200 tier)"))
+        if "slow" in item.keywords and not slow:
+            item.add_marker(pytest.mark.skip(reason="slow tier: set PAGEDATTN_SLOW=1"))
+
+
+@pytest.fixture
+def device():
+    return torch.device("cuda" if HAS_GPU else "cpu")
