@@ -1,0 +1,114 @@
+"""Tile tables of the extend kernel: one default per arch family, and the autotuning space.
+
+A config is (BLOCK_M, BLOCK_N, num_warps, num_stages[, AMD extras]). BLOCK_M counts rows of the
+folded (query token x GQA head) dimension, so BLOCK_M // GROUP_P query tokens share each KV tile.
+The defaults work with autotuning off; ``PAGEDATTN_AUTOTUNE=1`` lets Triton choose among
+:func:`tune_space` per shape class (see ``extend_attention._launch``).
+
+NOTE on the sm_90 default (BLOCK_M 128, BLOCK_N 64, 8 warps, 3 stages for D <= 128): the FA2-class
+choice. A dense FA2 forward with BLOCK_N 128 measured 60-63 % of the matmul rate on the H200; the
+paged gather holds per-token pointers in registers, so the narrower N tile keeps headroom and
+three stages fit in shared memory (Q 32 KB + 3 x (K 16 KB + V 16 KB)).
+"""
+import functools
+import os
+from typing import Dict, List, NamedTuple
+
+import torch
+
+
+class TileConfig(NamedTuple):
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    waves_per_eu: int = 0  # AMD only (0 = not passed)
+    matrix_instr_nonkdim: int = 0  # AMD only (0 = not passed)
+
+
+# family -> head_dim_padded upper bound -> config (the first bound >= D_P wins)
+_DEFAULTS: Dict[str, Dict[int, TileConfig]] = {
+    "sm90": {64: TileConfig(128, 64, 4, 3), 128: TileConfig(128, 64, 8, 3),
+             256: TileConfig(64, 64, 4, 2)},
+    "sm80": {64: TileConfig(128, 64, 4, 3), 128: TileConfig(128, 64, 8, 2),
+             256: TileConfig(64, 32, 4, 2)},
+    "sm8x": {64: TileConfig(64, 64, 4, 2), 128: TileConfig(64, 64, 4, 2),
+             256: TileConfig(32, 32, 4, 1)},  # ~100 KB shared memory (sm_86, sm_89)
+    "gfx9": {64: TileConfig(128, 64, 4, 1, 2, 16), 128: TileConfig(128, 64, 4, 1, 2, 16),
+             256: TileConfig(64, 32, 4, 1, 2, 16)},
+    "cuda": {64: TileConfig(64, 32, 4, 2), 128: TileConfig(64, 32, 4, 2),
+             256: TileConfig(32, 32, 4, 1)},
+    # the interpreter: smallest tiles that keep tl.dot >= 16 in every dim (CPU time)
+    "interp": {256: TileConfig(16, 16, 4, 1)},
+}
+
+
+@functools.lru_cache(maxsize=None)
+def arch_family(device_type: str, index: int) -> str:
+    """``sm90``, ``sm80``, ``sm8x``, ``gfx9``, ``cuda`` (other NVIDIA/AMD) or ``interp``."""
+    if device_type != "cuda":
+        return "interp"
+    props = torch.cuda.get_device_properties(index)
+    gcn = getattr(props, "gcnArchName", "") or ""
+    if getattr(torch.version, "hip", None):
+        return "gfx9" if gcn.startswith("gfx9") else "cuda"
+    if props.major >= 9:
+        return "sm90"
+    if (props.major, props.minor) == (8, 0):
+        return "sm80"
+    return "sm8x" if props.major == 8 else "cuda"
+
+
+def is_hip(device: torch.device) -> bool:
+    return device.type == "cuda" and getattr(torch.version, "hip", None) is not None
+
+
+def family_of(device: torch.device) -> str:
+    return arch_family(device.type, device.index if device.index is not None else 0)
+
+
+def _fit(cfg: TileConfig, group_p: int, max_q_len: int) -> TileConfig:
+    """BLOCK_M >= the padded group; shrunk for short queries (decode-like extends) but >= 16."""
+    bm = max(cfg.block_m, group_p)
+    need = max(16, group_p * triton_next_pow2(max(max_q_len, 1)))
+    return cfg._replace(block_m=min(bm, max(need, group_p)))
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def default_config(device: torch.device, head_dim_p: int, group_p: int,
+                   max_q_len: int) -> TileConfig:
+    table = _DEFAULTS[family_of(device)]
+    for bound in sorted(table):
+        if head_dim_p <= bound:
+            return _fit(table[bound], group_p, max_q_len)
+    return _fit(table[max(table)], group_p, max_q_len)
+
+
+def autotune_enabled() -> bool:
+    return os.environ.get("PAGEDATTN_AUTOTUNE", "") not in ("", "0")
+
+
+def tune_space(device: torch.device, head_dim_p: int) -> List[TileConfig]:
+    """Candidate configs for autotuning on this device (the default first)."""
+    fam = family_of(device)
+    if fam == "gfx9":
+        space = [TileConfig(m, n, w, 1, wpe, 16) for m in (64, 128) for n in (32, 64)
+                 for w in (4, 8) for wpe in (1, 2)]
+    else:
+        stages = (2, 3, 4) if fam in ("sm90", "sm80") else (1, 2)
+        space = [TileConfig(m, n, w, s) for m in (64, 128) for n in (32, 64, 128)
+                 for w in (4, 8) for s in stages]
+    if head_dim_p > 128:  # shared memory: drop the widest tiles
+        space = [c for c in space if c.block_n <= 64 and c.num_stages <= 2]
+    default = default_config(device, head_dim_p, 1, 1 << 20)
+    return [default] + [c for c in space if c != default]
+
+
+def shape_class(total_q: int, max_q_len: int) -> int:
+    """The autotuning key from host-known sizes: log4 buckets of Lq_max and of the token count."""
+    def b(n):
+        return min(6, max(0, (max(n, 1).bit_length() - 1) // 2))
+    return b(max_q_len) * 8 + b(total_q // 64)

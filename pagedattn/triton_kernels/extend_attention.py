@@ -1,0 +1,421 @@
+"""Extend (prefix-prefill) attention over the paged KV cache: Triton kernel and launcher.
+
+Request b owns query rows [cu[b], cu[b+1]) (Lq) and Lk = seq_lens[b] keys; its prefix is
+P = Lk - Lq. Query i sees key j iff j <= i + P (reference §3.2). The kernel walks the keys in two
+stages (§3.4):
+
+  keys:   0 ........................ P | P ................... Lk
+  stage 1 dense rectangle, no mask     | stage 2 lower triangle, loop ends at the diagonal
+  (paged gather; only the last partial | (paged gather of positions P.., or the contiguous
+   tile, a window or a custom mask     |  k_new/v_new rows; mask only on the diagonal tiles)
+   need a mask)                        |
+
+Grid: (cdiv(max Lq, BLOCK_Q), num_kv_heads, num_seqs). A program owns BLOCK_M = BLOCK_Q x GROUP_P
+rows (query token major, the GQA heads of one KV head minor), so every KV tile is loaded once per
+head group and fed to one tl.dot. Programs past a request's Lq exit at once; query blocks are
+issued last-first so the longest (most keys) start earliest.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from pagedattn import layouts as L
+from pagedattn.reference import is_fp8
+from pagedattn.triton_kernels import _extend_configs as C
+
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _kv_addr(blk, tok, head, d, s_block: tl.int64, s_token: tl.int64, s_head: tl.int64,
+             s_dim_hi: tl.int64, DIM_LO: tl.constexpr, X: tl.constexpr):
+    """layouts.element_offset: blk*s.block + t*s.token + h*s.head + (d//x)*s.dim_hi + (d%x)*s.dim_lo.
+
+    DIM_LO is constexpr (1 for every validated K cache, block_size for vllm/hcu V) so that Triton
+    sees the unit stride and vectorises the loads.
+    """
+    return blk * s_block + tok * s_token + head * s_head + (d // X) * s_dim_hi + (d % X) * DIM_LO
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:  # fp32 inputs: full precision (TF32 would miss the 1e-5 tolerance)
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _load(ptrs, mask, MASKED: tl.constexpr, PAD_D: tl.constexpr, d_mask):
+    """Masked load only where a mask can be false: the full tiles stay unpredicated."""
+    if MASKED:
+        return tl.load(ptrs, mask=mask, other=0.0)
+    elif PAD_D:
+        return tl.load(ptrs, mask=d_mask, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _step(acc, m_i, l_i, q, k, v, visible, bias_pos, scale2, cap_in, cap_out, slope2,
+          MASKED: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+          IEEE: tl.constexpr):
+    """One online-softmax update in base 2. q [M, D_P], k [D_P, N], v [N, D_P]; acc [M, D_P]."""
+    qk = _dot(q, k, IEEE)  # [M, N] fp32
+    if HAS_CAP:  # cap * tanh(s / cap), tanh from exp2 (saturates to +-1, never NaN)
+        t = qk * cap_in
+        s = cap_out * (1.0 - 2.0 / (tl.math.exp2(t * (2.0 * 1.4426950408889634)) + 1.0))
+    else:
+        s = qk * scale2
+    if HAS_ALIBI:  # slope * (j - p), slope already in base 2
+        s += slope2[:, None] * bias_pos
+    if MASKED:
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))  # [M]
+    if MASKED:  # a row with no visible key so far keeps m = -inf; subtract 0 instead (no NaN)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    alpha = tl.math.exp2(m_i - m_use)  # [M]
+    p = tl.math.exp2(s - m_use[:, None])  # [M, N]
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _stage(acc, m_i, l_i, q, lo, hi, n_keys, key_base, row_tok, row_pos, row_ok, slope2, scale2,
+           cap_in, cap_out, window, kvh, q0, mask_row,
+           bt_row, kc_ptr, vc_ptr, kn_ptr, vn_ptr, mask_ptr,
+           stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64, stride_kdh: tl.int64,
+           stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64, stride_vdh: tl.int64,
+           stride_nt: tl.int64, stride_nh: tl.int64, lk,
+           K_LO: tl.constexpr, KX: tl.constexpr, V_LO: tl.constexpr, VX: tl.constexpr,
+           PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+           HEAD_DIM_P: tl.constexpr, MASKED: tl.constexpr, STAGE1: tl.constexpr,
+           FROM_NEW: tl.constexpr, TRIANGLE: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
+           HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, KV_FP8: tl.constexpr,
+           IEEE: tl.constexpr):
+    """Keys [lo, hi) of one stage, relative index r in [0, n_keys); absolute position key_base + r.
+
+    FROM_NEW: K/V rows q0 + r of k_new/v_new; else cache positions key_base + r via the table.
+    TRIANGLE: stage 2's causal rule r <= row_tok (the shifted mask with the prefix removed).
+    """
+    d = tl.arange(0, HEAD_DIM_P)  # [D_P]
+    d_ok = d < HEAD_DIM
+    PAD_D: tl.constexpr = HEAD_DIM_P != HEAD_DIM
+    ONE_PAGE: tl.constexpr = STAGE1 and (PAGE >= BLOCK_N)  # key_base 0: page-aligned tiles
+    for start in range(lo, hi, BLOCK_N):
+        r = start + tl.arange(0, BLOCK_N)  # [N] relative key index
+        r_ok = r < n_keys
+        jpos = key_base + r  # [N] absolute key position
+        if FROM_NEW:
+            row = (q0 + r).to(tl.int64)  # [N] rows of k_new/v_new
+            k_off = row[None, :] * stride_nt + kvh * stride_nh + d[:, None]  # [D_P, N]
+            v_off = row[:, None] * stride_nt + kvh * stride_nh + d[None, :]  # [N, D_P]
+            k = _load(kn_ptr + k_off, r_ok[None, :] & d_ok[:, None], MASKED, PAD_D, d_ok[:, None])
+            v = _load(vn_ptr + v_off, r_ok[:, None] & d_ok[None, :], MASKED, PAD_D, d_ok[None, :])
+        else:
+            if ONE_PAGE:  # stage 1, page >= tile: the tile lies in one page, one table entry
+                blk = tl.load(bt_row + (key_base + start) // PAGE).to(tl.int64)  # scalar
+            else:  # per-token ids, masked to the used range of the table
+                blk = tl.load(bt_row + jpos // PAGE, mask=r_ok, other=0).to(tl.int64)  # [N]
+            tin = jpos % PAGE  # [N] token within its page
+            if ONE_PAGE:
+                k_off = _kv_addr(blk, tin[None, :], kvh, d[:, None], stride_kb, stride_kt,
+                                 stride_kh, stride_kdh, K_LO, KX)  # [D_P, N]
+                v_off = _kv_addr(blk, tin[:, None], kvh, d[None, :], stride_vb, stride_vt,
+                                 stride_vh, stride_vdh, V_LO, VX)  # [N, D_P]
+            else:
+                k_off = _kv_addr(blk[None, :], tin[None, :], kvh, d[:, None], stride_kb,
+                                 stride_kt, stride_kh, stride_kdh, K_LO, KX)
+                v_off = _kv_addr(blk[:, None], tin[:, None], kvh, d[None, :], stride_vb,
+                                 stride_vt, stride_vh, stride_vdh, V_LO, VX)
+            k = _load(kc_ptr + k_off, r_ok[None, :] & d_ok[:, None], MASKED, PAD_D, d_ok[:, None])
+            v = _load(vc_ptr + v_off, r_ok[:, None] & d_ok[None, :], MASKED, PAD_D, d_ok[None, :])
+            if KV_FP8:  # dequantised by the folded scales; the dot runs in q's dtype
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
+        visible = r_ok[None, :]  # [M, N] (broadcast)
+        if MASKED:
+            if TRIANGLE:
+                visible = visible & (r[None, :] <= row_tok[:, None])
+            if HAS_WINDOW:
+                visible = visible & (jpos[None, :] > row_pos[:, None] - window)
+            if HAS_MASK:  # request's [Lq, Lk] row-major block; padded rows never read
+                m_off = mask_row[:, None] + jpos[None, :]  # [M, N] int64
+                cm = tl.load(mask_ptr + m_off, mask=row_ok[:, None] & r_ok[None, :], other=0)
+                visible = visible & (cm != 0)
+        bias_pos = (jpos[None, :] - row_pos[:, None]).to(tl.float32)  # [M, N] (ALiBi only)
+        acc, m_i, l_i = _step(acc, m_i, l_i, q, k, v, visible, bias_pos, scale2, cap_in,
+                              cap_out, slope2, MASKED, HAS_CAP, HAS_ALIBI, IEEE)
+    return acc, m_i, l_i
+
+
+# ----------------------------------------------------------------------------------------------
+# kernel
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _extend_fwd(
+    q_ptr,  # [T, Hq, D]
+    kn_ptr, vn_ptr,  # [T, Hkv, D] k_new / v_new (q_ptr as a dummy when the cache holds them)
+    kc_ptr, vc_ptr,  # paged K / V caches, any layout (five strides each)
+    out_ptr,  # [T, Hq, D]
+    lse_ptr,  # [T, Hq] float32 (dummy unless RETURN_LSE)
+    bt_ptr,  # int32 [B, max_blocks]
+    cu_ptr,  # int32 [B + 1] query row offsets
+    lens_ptr,  # int32 [B] Lk
+    mask_ptr,  # uint8 flat custom mask (dummy unless HAS_MASK)
+    mask_indptr_ptr,  # int32 [B + 1]
+    kscale_ptr, vscale_ptr,  # float32 [Hkv] (dummy unless KV_FP8)
+    alibi_ptr, sinks_ptr,  # float32 [Hq] (dummy unless HAS_ALIBI / HAS_SINKS)
+    sm_scale, logit_cap, window,
+    stride_qt: tl.int64, stride_qh: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
+    stride_nt: tl.int64, stride_nh: tl.int64, stride_lt: tl.int64, stride_lh: tl.int64,
+    stride_bt: tl.int64,
+    stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64, stride_kdh: tl.int64,
+    stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64, stride_vdh: tl.int64,
+    tune_class,  # autotuning key only (shape class of the call)
+    K_LO: tl.constexpr, KX: tl.constexpr, V_LO: tl.constexpr, VX: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, NEW_FROM_CACHE: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_SINKS: tl.constexpr, KV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
+):
+    # Preconditions (launcher): BLOCK_M % GROUP_P == 0, GROUP <= GROUP_P, HEAD_DIM <= HEAD_DIM_P,
+    # powers of 2 for every tile dim, q/out/k_new last dim contiguous, 0 <= Lq <= Lk.
+    BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_P
+    b = tl.program_id(2)
+    kvh = tl.program_id(1).to(tl.int64)
+    mblk = tl.num_programs(0) - 1 - tl.program_id(0)  # last query block first (most keys)
+    q0 = tl.load(cu_ptr + b).to(tl.int64)
+    lq = tl.load(cu_ptr + b + 1).to(tl.int64) - q0
+    tok0 = mblk * BLOCK_Q
+    if tok0 >= lq:
+        return
+    lk = tl.load(lens_ptr + b).to(tl.int64)
+    prefix = lk - lq
+    rows = tl.arange(0, BLOCK_M)
+    row_tok = tok0 + rows // GROUP_P  # [M] query index within the request
+    hg = rows % GROUP_P  # [M] head within the group
+    head = kvh * GROUP + hg  # [M] query head
+    row_ok = (row_tok < lq) & (hg < GROUP)
+    row_pos = prefix + row_tok  # [M] absolute position p
+    d = tl.arange(0, HEAD_DIM_P)
+    d_ok = d < HEAD_DIM
+    q_off = (q0 + row_tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D_P]
+
+    qk_scale = sm_scale
+    if KV_FP8:  # per KV head = per program: k_scale joins the logit scale
+        qk_scale = qk_scale * tl.load(kscale_ptr + kvh)
+    scale2 = qk_scale * 1.4426950408889634
+    cap_in = qk_scale / logit_cap
+    cap_out = logit_cap * 1.4426950408889634
+    slope2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_ALIBI:
+        slope2 = tl.load(alibi_ptr + head, mask=hg < GROUP, other=0.0) * 1.4426950408889634
+    mask_row = tl.zeros([BLOCK_M], dtype=tl.int64)
+    if HAS_MASK:
+        mask_row = tl.load(mask_indptr_ptr + b).to(tl.int64) + row_tok * lk  # [M]
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
+
+    # A window hides keys j <= p - W from every row once p >= tok0's position: skip those tiles.
+    lo1 = 0
+    lo2 = 0
+    if HAS_WINDOW:
+        lo1 = tl.maximum(prefix + tok0 - window + 1, 0) // BLOCK_N * BLOCK_N
+        lo2 = tl.maximum(tok0 - window + 1, 0) // BLOCK_N * BLOCK_N
+    ANY_MASK: tl.constexpr = HAS_WINDOW or HAS_MASK
+
+    # Stage 1: the prefix [0, P), a dense rectangle. Full tiles run unmasked; the partial last
+    # tile (and every tile under a window or custom mask) runs masked.
+    full1 = prefix // BLOCK_N * BLOCK_N
+    if ANY_MASK:
+        full1 = lo1
+    acc, m_i, l_i = _stage(
+        acc, m_i, l_i, q, lo1, full1, prefix, 0, row_tok, row_pos, row_ok, slope2, scale2,
+        cap_in, cap_out, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr, vn_ptr,
+        mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb, stride_vt, stride_vh,
+        stride_vdh, stride_nt, stride_nh, lk, K_LO, KX, V_LO, VX, PAGE, BLOCK_N, HEAD_DIM,
+        HEAD_DIM_P, False, True, False, False, HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
+    acc, m_i, l_i = _stage(
+        acc, m_i, l_i, q, tl.maximum(full1, lo1), prefix, prefix, 0, row_tok, row_pos, row_ok,
+        slope2, scale2, cap_in, cap_out, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr,
+        kn_ptr, vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb,
+        stride_vt, stride_vh, stride_vdh, stride_nt, stride_nh, lk, K_LO, KX, V_LO, VX, PAGE,
+        BLOCK_N, HEAD_DIM, HEAD_DIM_P, True, True, False, False, HAS_WINDOW, HAS_MASK, HAS_CAP,
+        HAS_ALIBI, KV_FP8, IEEE)
+
+    # Stage 2: the new keys r in [0, Lq) at positions P + r. Causal: a lower triangle; the loop
+    # stops at the block's diagonal (keys past its last query are never loaded: early exit).
+    # Tiles entirely at or below the block's first query run unmasked.
+    TRI: tl.constexpr = CAUSAL and not HAS_MASK
+    FROM_NEW: tl.constexpr = not NEW_FROM_CACHE
+    if TRI:
+        hi2 = tl.minimum(lq, tok0 + BLOCK_Q)
+        full2 = (tok0 + 1) // BLOCK_N * BLOCK_N
+    else:
+        hi2 = lq
+        full2 = lq // BLOCK_N * BLOCK_N
+    if ANY_MASK:
+        full2 = lo2
+    acc, m_i, l_i = _stage(
+        acc, m_i, l_i, q, lo2, full2, lq, prefix, row_tok, row_pos, row_ok, slope2, scale2,
+        cap_in, cap_out, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr, vn_ptr,
+        mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb, stride_vt, stride_vh,
+        stride_vdh, stride_nt, stride_nh, lk, K_LO, KX, V_LO, VX, PAGE, BLOCK_N, HEAD_DIM,
+        HEAD_DIM_P, False, False, FROM_NEW, TRI, HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI,
+        KV_FP8, IEEE)
+    acc, m_i, l_i = _stage(
+        acc, m_i, l_i, q, tl.maximum(full2, lo2), hi2, lq, prefix, row_tok, row_pos, row_ok,
+        slope2, scale2, cap_in, cap_out, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr,
+        kn_ptr, vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb,
+        stride_vt, stride_vh, stride_vdh, stride_nt, stride_nh, lk, K_LO, KX, V_LO, VX, PAGE,
+        BLOCK_N, HEAD_DIM, HEAD_DIM_P, True, False, FROM_NEW, TRI, HAS_WINDOW, HAS_MASK,
+        HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
+
+    # Epilogue: normalise (sinks join the denominator only), v_scale, store; empty rows -> 0/-inf.
+    has = l_i > 0.0
+    m_fin = tl.where(has, m_i, 0.0)
+    denom = l_i
+    if HAS_SINKS:
+        sink2 = tl.load(sinks_ptr + head, mask=hg < GROUP, other=0.0) * 1.4426950408889634
+        denom += tl.math.exp2(sink2 - m_fin)
+    inv = tl.where(has, 1.0 / tl.where(has, denom, 1.0), 0.0)  # [M]
+    if KV_FP8:
+        inv = inv * tl.load(vscale_ptr + kvh)
+    o = acc * inv[:, None]
+    o_off = (q0 + row_tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if RETURN_LSE:
+        lse = tl.where(has, (m_fin + tl.math.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        tl.store(lse_ptr + (q0 + row_tok) * stride_lt + head * stride_lh, lse, mask=row_ok)
+
+
+# ----------------------------------------------------------------------------------------------
+# launcher
+# ----------------------------------------------------------------------------------------------
+
+_TUNED = {}
+
+
+def _autotuned():
+    """The kernel wrapped in triton.autotune (built once, on first use with PAGEDATTN_AUTOTUNE=1)."""
+    if "k" not in _TUNED:
+        dev = torch.device("cuda", torch.cuda.current_device())
+        space = C.tune_space(dev, 128)
+        cfgs = []
+        for c in space:
+            kw = {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}
+            if c.waves_per_eu:
+                kw.update(waves_per_eu=c.waves_per_eu, matrix_instr_nonkdim=c.matrix_instr_nonkdim)
+            cfgs.append(triton.Config(kw, num_warps=c.num_warps, num_stages=c.num_stages))
+
+        def prune(configs, named_args, **kw):  # BLOCK_M must hold at least one head group
+            g = kw.get("GROUP_P", named_args.get("GROUP_P", 1))
+            dp = kw.get("HEAD_DIM_P", named_args.get("HEAD_DIM_P", 128))
+            keep = [c for c in configs if c.kwargs["BLOCK_M"] >= g
+                    and (dp <= 128 or c.kwargs["BLOCK_N"] <= 64)]
+            return keep or configs[:1]
+        _TUNED["k"] = triton.autotune(
+            configs=cfgs, key=["tune_class", "HEAD_DIM_P", "GROUP_P", "PAGE", "KV_FP8", "CAUSAL"],
+            prune_configs_by={"early_config_prune": prune})(_extend_fwd)
+    return _TUNED["k"]
+
+
+def unsupported(**facts) -> list:
+    """Reasons this kernel cannot serve a call ([] = it can). Facts: q, k_cache, geom, ..."""
+    why = []
+    q, g = facts.get("q"), facts.get("geom")
+    if q is not None and g is not None:
+        if g.head_dim > 256:
+            why.append(f"head_dim {g.head_dim} > 256")
+        if q.shape[-2] // max(g.num_kv_heads, 1) > 128:
+            why.append("GQA group > 128 query heads per KV head")
+    return why
+
+
+def run(call):
+    """Launch the extend kernel for a validated :class:`pagedattn.validation.ExtendCall`.
+
+    Writes call.out; returns the float32 lse [T, Hq] when call.return_lse, else None.
+    Host syncs: none when call.max_q_len is given; otherwise one ``.item()`` reads the longest
+    request's query length to size the grid (the api already read cu_seqlens_q[-1]).
+    """
+    q, g, o = call.q, call.geom, call.opts
+    t, hq, d = q.shape
+    hkv, nseq = g.num_kv_heads, call.num_seqs
+    group = hq // hkv
+    if call.max_q_len is not None:
+        max_q = int(call.max_q_len)
+    else:  # one host sync
+        cu = call.cu_seqlens_q
+        max_q = int((cu[1:] - cu[:-1]).max().item()) if nseq else 0
+    lse = torch.empty((t, hq), dtype=torch.float32, device=q.device) if call.return_lse else q
+    if max_q <= 0 or t == 0:
+        call.out.zero_()
+        if call.return_lse:
+            lse.fill_(float("-inf"))
+        return lse if call.return_lse else None
+    group_p = triton.next_power_of_2(group)
+    d_p = max(16, triton.next_power_of_2(d))
+    ks, vs = L.k_strides(call.k_cache, call.layout), L.v_strides(call.v_cache, call.layout)
+    kv_fp8 = is_fp8(call.k_cache.dtype)
+    k_new = call.k_new if call.k_new is not None else q
+    mask = call.custom_mask
+    if mask is not None and mask.dtype == torch.bool:
+        mask = mask.view(torch.uint8)
+    dummy = o.k_scale if o.k_scale is not None else call.seq_lens
+    args = dict(
+        q_ptr=q, kn_ptr=k_new, vn_ptr=call.v_new if call.v_new is not None else q,
+        kc_ptr=call.k_cache, vc_ptr=call.v_cache, out_ptr=call.out, lse_ptr=lse,
+        bt_ptr=call.block_table, cu_ptr=call.cu_seqlens_q, lens_ptr=call.seq_lens,
+        mask_ptr=mask if mask is not None else call.seq_lens,
+        mask_indptr_ptr=call.mask_indptr if mask is not None else call.seq_lens,
+        kscale_ptr=o.k_scale if kv_fp8 else dummy, vscale_ptr=o.v_scale if kv_fp8 else dummy,
+        alibi_ptr=o.alibi_slopes if o.alibi_slopes is not None else dummy,
+        sinks_ptr=o.sinks if o.sinks is not None else dummy,
+        sm_scale=float(o.scale), logit_cap=float(o.logit_cap or 1.0),
+        window=int(o.sliding_window or 0),
+        stride_qt=q.stride(0), stride_qh=q.stride(1),
+        stride_ot=call.out.stride(0), stride_oh=call.out.stride(1),
+        stride_nt=k_new.stride(0), stride_nh=k_new.stride(1),
+        stride_lt=lse.stride(0) if call.return_lse else 0,
+        stride_lh=lse.stride(1) if call.return_lse else 0,
+        stride_bt=call.block_table.stride(0),
+        stride_kb=ks.block, stride_kt=ks.token, stride_kh=ks.head, stride_kdh=ks.dim_hi,
+        stride_vb=vs.block, stride_vt=vs.token, stride_vh=vs.head, stride_vdh=vs.dim_hi,
+        tune_class=C.shape_class(t, max_q),
+        K_LO=ks.dim_lo, KX=ks.x, V_LO=vs.dim_lo, VX=vs.x,
+        GROUP=group, GROUP_P=group_p, HEAD_DIM=d, HEAD_DIM_P=d_p, PAGE=g.block_size,
+        CAUSAL=bool(call.causal), NEW_FROM_CACHE=call.k_new is None, HAS_MASK=mask is not None,
+        HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
+        HAS_ALIBI=o.alibi_slopes is not None, HAS_SINKS=o.sinks is not None, KV_FP8=kv_fp8,
+        RETURN_LSE=bool(call.return_lse), IEEE=q.dtype == torch.float32,
+    )
+    if call.k_new is not None and call.v_new.stride() != call.k_new.stride():
+        raise ValueError("v_new: expected the same strides as k_new")
+    # grid = (cdiv(max_q, BLOCK_Q), Hkv, B) with BLOCK_Q = BLOCK_M // GROUP_P query tokens.
+    if C.autotune_enabled() and q.is_cuda:
+        _autotuned()[lambda meta: (triton.cdiv(max_q, meta["BLOCK_M"] // group_p), hkv, nseq)](
+            **args)
+    else:
+        c = C.default_config(q.device, d_p, group_p, max_q)
+        extra = {}
+        if c.waves_per_eu and C.is_hip(q.device):
+            extra = dict(waves_per_eu=c.waves_per_eu, matrix_instr_nonkdim=c.matrix_instr_nonkdim)
+        grid = (triton.cdiv(max_q, c.block_m // group_p), hkv, nseq)
+        _extend_fwd[grid](**args, BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps,
+                          num_stages=c.num_stages, **extra)
+    return lse if call.return_lse else None
