@@ -1,0 +1,422 @@
+"""Radix prefix cache (SGLang RadixAttention, reference §2.2-2.4), built for low CPU overhead.
+
+A compressed radix tree over token ids. Each edge (node) holds a key (its token run) and a value
+(the pool slots holding those tokens' KV). Sharing a prefix = sharing the path from the root.
+
+Performance design (see docs/radix_cache.md):
+* keys are `bytes` of int64 tokens: the per-node comparison `query[a:b] == node.key` is one
+  memcmp in C, and children are keyed by the first page's bytes;
+* values are int64 numpy arrays, copied on store; a match concatenates them in one call;
+* `insert(..., start=match)` continues from a match handle instead of re-walking the prefix;
+* eviction order is kept incrementally (radix_evict.py): `evict` never scans all leaves;
+* nodes use __slots__, leaves have `children = None`, and a deleted node drops its parent and
+  children references so nothing waits for the cyclic garbage collector.
+
+Namespaces: `extra_key` (LoRA id, tenant salt...) selects a separate root; namespaces never share
+nodes. Lock counts are per node and cover the path to the root (§2.3): `lock_ref(node)` is the
+number of live handles whose path contains the node; each root holds a permanent lock of 1.
+"""
+from __future__ import annotations
+
+import itertools
+from array import array
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .errors import CacheError, ForeignId, LockError, OutOfBlocks
+from .radix_evict import EvictionIndex
+from .token_pool import PagedTokenPool, TokenPool, as_slot_array
+
+__all__ = ["RadixCache", "TreeNode", "MatchResult", "encode_tokens"]
+
+_TB = 8  # bytes per token in a key (int64)
+_UIDS = itertools.count(1)
+
+
+def encode_tokens(tokens) -> bytes:
+    """Token ids -> the cache's key bytes (native int64). `bytes` input is taken as already encoded.
+
+    Encoding a request once and passing the bytes saves the conversion on every call.
+    """
+    if isinstance(tokens, bytes):
+        if len(tokens) % _TB:
+            raise ValueError(f"tokens: bytes length {len(tokens)} is not a multiple of 8")
+        return tokens
+    if isinstance(tokens, np.ndarray):
+        if tokens.size and tokens.dtype.kind not in "iu":
+            raise TypeError(f"tokens: expected integer token ids, got dtype {tokens.dtype}")
+        return np.ascontiguousarray(tokens, dtype=np.int64).tobytes()
+    if isinstance(tokens, torch.Tensor):
+        if tokens.dtype.is_floating_point:
+            raise TypeError(f"tokens: expected integer token ids, got {tokens.dtype}")
+        return tokens.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()
+    try:
+        return array("q", tokens).tobytes()
+    except TypeError as e:
+        raise TypeError(f"tokens: expected a sequence of ints ({e})") from None
+
+
+class TreeNode:
+    """One edge of the tree. Opaque handle for callers; fields are read-only outside this module."""
+
+    __slots__ = ("key", "value", "children", "parent", "lock_ref", "time", "hits", "nid",
+                 "where", "tok", "bucket", "owner", "ns")
+
+    def __init__(self, key: bytes, value, parent, time: int, nid: int, owner: int, ns):
+        self.key = key              # bytes, int64 tokens; b"" for a root
+        self.value = value          # np.ndarray int64, len(key) // 8 slots, owns its memory
+        self.children = None        # dict[first-page bytes, TreeNode] or None for a leaf
+        self.parent = parent        # None for a root and for a deleted node
+        self.lock_ref = 0
+        self.time = time            # cache clock at the last touch
+        self.hits = 0               # matches through this node (LFU)
+        self.nid = nid              # creation order; -1 for roots
+        self.where = 0              # eviction-index membership (radix_evict.py)
+        self.tok = 0
+        self.bucket = 0
+        self.owner = owner          # uid of the owning cache
+        self.ns = ns                # extra_key namespace
+
+    def __len__(self) -> int:
+        return len(self.key) // _TB
+
+    def __repr__(self) -> str:
+        return f"TreeNode(nid={self.nid}, len={len(self)}, lock_ref={self.lock_ref})"
+
+
+class MatchResult(NamedTuple):
+    """indices: int64 tensor [prefix_len], a fresh copy of the cached slots of the prefix.
+    last_node: the node ending the prefix (a root on a miss). The slots are only safe to use
+    while `last_node` is locked (`inc_lock_ref`): an unlocked path may be evicted and its slots
+    handed to another request."""
+    indices: torch.Tensor
+    last_node: TreeNode
+
+
+class RadixCache:
+    """Radix prefix cache over a token pool (`TokenPool`, or `PagedTokenPool` for page_size > 1).
+
+    Example:
+        >>> cache = RadixCache.create_simulated(64)
+        >>> slots = cache.pool.alloc(5)
+        >>> cache.insert([1, 2, 3, 4, 5], slots)
+        0
+        >>> cache.match_prefix([1, 2, 3, 9]).indices.tolist() == slots[:3].tolist()
+        True
+    """
+
+    def __init__(self, pool: TokenPool, page_size: int = 1, eviction: str = "lru"):
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+            raise ValueError(f"page_size: expected a positive int, got {page_size!r}")
+        if not isinstance(pool, TokenPool):
+            raise TypeError(f"pool: expected a TokenPool, got {type(pool).__name__}")
+        if page_size > 1 and getattr(pool, "page_size", 1) != page_size:
+            raise ValueError(f"pool: page_size {pool.page_size} != cache page_size {page_size}")
+        self.pool = pool
+        self.page_size = page_size
+        self._pb = page_size * _TB
+        self._uid = next(_UIDS)
+        self._index = EvictionIndex(eviction)
+        self.eviction = eviction
+        self._clock = 0
+        self._nids = itertools.count()
+        self._evictable = 0
+        self._protected = 0
+        self._roots: dict = {}
+        self._root(None)
+
+    @classmethod
+    def create_simulated(cls, size: int = 4096, page_size: int = 1,
+                         eviction: str = "lru") -> "RadixCache":
+        """A cache over a fresh pool of `size` slots (no device memory), for tests and benches."""
+        pool = TokenPool(size) if page_size == 1 else PagedTokenPool(size, page_size)
+        return cls(pool, page_size=page_size, eviction=eviction)
+
+    ##### Public API #####
+
+    def match_prefix(self, tokens, *, extra_key=None) -> MatchResult:
+        """Longest cached page-aligned prefix of `tokens` in namespace `extra_key`.
+
+        Mutates: may split the node where the match ends (at a page boundary) so that
+        `last_node` ends exactly at the prefix; touches the path (LRU time, LFU hits). Does not
+        lock: call `inc_lock_ref(result.last_node)` before using `indices`.
+        """
+        key = encode_tokens(tokens)
+        n = len(key) - len(key) % self._pb
+        node = self._root(extra_key)
+        vals = []
+        if n:
+            self._clock += 1
+            node = self._walk(node, key if n == len(key) else key[:n], vals, True)
+        if not vals:
+            return MatchResult(torch.empty(0, dtype=torch.int64), node)
+        return MatchResult(torch.from_numpy(np.concatenate(vals)), node)
+
+    def insert(self, tokens, indices, *, extra_key=None, start=None) -> int:
+        """Cache `tokens[:L]` with slots `indices[:L]`, L = len(tokens) rounded down to a page.
+
+        Returns the number of leading tokens that were already cached: the caller still owns
+        `indices[:returned]` that differ from the cached ones and must free its duplicates
+        (`indices[locked_prefix:returned]`). The new part is copied, so later writes to
+        `indices` do not reach the cache. `start`: a MatchResult of `match_prefix` on a prefix
+        of the same tokens and extra_key (or a `(node, prefix_len)` pair), still in the tree
+        (e.g. locked); the walk resumes there instead of at the root.
+        """
+        if isinstance(start, MatchResult):
+            start = (start.last_node, len(start.indices))
+        return self._insert(tokens, indices, extra_key, start)[0]
+
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        """Lock the path root..node; returns the tokens that moved from evictable to protected.
+
+        Raises LockError for a node deleted from or foreign to this cache (nothing changed).
+        """
+        self._check_node(node)
+        delta = 0
+        index = self._index
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                delta += len(node.key)
+                if node.where:
+                    index.remove(node)
+            node.lock_ref += 1
+            node = node.parent
+        delta //= _TB
+        self._evictable -= delta
+        self._protected += delta
+        return delta
+
+    def dec_lock_ref(self, node: TreeNode) -> int:
+        """Unlock the path root..node (and touch it); returns the tokens that became evictable.
+
+        Raises LockError if `node` is not locked (a lock count never goes negative), deleted,
+        or foreign (nothing changed). A root is always locked: unlocking it is a no-op.
+        """
+        self._check_node(node)
+        if node.parent is not None and node.lock_ref <= 0:
+            raise LockError(f"node: dec_lock_ref on an unlocked node (nid {node.nid})")
+        self._clock += 1
+        clock, index, delta = self._clock, self._index, 0
+        while node.parent is not None:
+            node.lock_ref -= 1
+            node.time = clock
+            if node.lock_ref == 0:
+                delta += len(node.key)
+                if not node.children:
+                    index.add(node)
+            node = node.parent
+        delta //= _TB
+        self._evictable += delta
+        self._protected -= delta
+        return delta
+
+    def evict(self, num_tokens: int) -> int:
+        """Free at least `num_tokens` slots from unlocked leaves, lowest priority first
+        (LRU: oldest touch; LFU: fewest hits, then oldest). A parent left childless and unlocked
+        becomes a leaf and competes with its old time (§2.4). Returns the tokens freed.
+
+        Raises ValueError for negative `num_tokens`, OutOfBlocks if it exceeds
+        `evictable_size()` (nothing evicted). Locked paths are never touched.
+        """
+        if not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
+            raise ValueError(f"num_tokens: expected a non-negative int, got {num_tokens!r}")
+        if num_tokens > self._evictable:
+            raise OutOfBlocks(f"num_tokens={num_tokens} > evictable_size={self._evictable}")
+        freed, index, pb, pool = 0, self._index, self._pb, self.pool
+        while freed < num_tokens:
+            node = index.pop()
+            if node is None:  # pragma: no cover - guarded by the evictable_size check
+                raise CacheError("eviction index empty while evictable_size > 0")
+            try:
+                pool.free(node.value)
+            except BaseException:
+                index.add_old(node)
+                raise
+            parent = node.parent
+            del parent.children[node.key[:pb]]
+            node.parent = node.children = None  # no cycles left behind
+            n = len(node.value)
+            self._evictable -= n
+            freed += n
+            if not parent.children and parent.parent is not None:
+                parent.children = None
+                if parent.lock_ref == 0:
+                    index.add_old(parent)
+        return freed
+
+    def evictable_size(self) -> int:
+        """Tokens in unlocked nodes (all of them reachable by repeated leaf eviction)."""
+        return self._evictable
+
+    def protected_size(self) -> int:
+        """Tokens in locked nodes."""
+        return self._protected
+
+    def total_size(self) -> int:
+        return self._evictable + self._protected
+
+    def peek_prefix_len(self, tokens, *, extra_key=None) -> int:
+        """Length of the cached page-aligned prefix of `tokens`. Read-only: no split, no touch."""
+        key = encode_tokens(tokens)
+        n = len(key) - len(key) % self._pb
+        node = self._roots.get(extra_key)
+        pos, pb = 0, self._pb
+        while node is not None and pos < n:
+            child = node.children.get(key[pos:pos + pb]) if node.children else None
+            if child is None:
+                break
+            ck = child.key
+            if key[pos:pos + len(ck)] == ck and pos + len(ck) <= n:
+                pos += len(ck)
+                node = child
+                continue
+            pos += self._common(ck, key, pos, n)
+            break
+        return pos // _TB
+
+    def namespaces(self) -> list:
+        return list(self._roots)
+
+    def root(self, extra_key=None) -> TreeNode:
+        return self._root(extra_key)
+
+    def pretty_print(self, max_tokens: int = 8, file=None) -> str:
+        """Render the tree (one node per line); printed to `file` if given, always returned."""
+        from .radix_integrity import render_tree
+        text = render_tree(self, max_tokens)
+        if file is not None:
+            print(text, file=file)
+        return text
+
+    def check_integrity(self) -> None:
+        """Walk the whole tree and check R1-R10 structure/accounting; raises IntegrityError."""
+        from .radix_integrity import check_radix_integrity
+        check_radix_integrity(self)
+
+    ##### Internal #####
+
+    def _root(self, extra_key) -> TreeNode:
+        root = self._roots.get(extra_key)
+        if root is None:
+            try:
+                hash(extra_key)
+            except TypeError:
+                raise TypeError(f"extra_key: must be hashable, got {type(extra_key).__name__}")
+            root = TreeNode(b"", np.empty(0, np.int64), None, 0, -1, self._uid, extra_key)
+            root.children = {}
+            root.lock_ref = 1
+            self._roots[extra_key] = root
+        return root
+
+    def _check_node(self, node) -> None:
+        if not isinstance(node, TreeNode) or node.owner != self._uid:
+            raise LockError(f"node: not a node of this cache ({node!r})")
+        if node.parent is None and self._roots.get(node.ns) is not node:
+            raise LockError(f"node: nid {node.nid} was evicted from the tree")
+
+    def _common(self, ck: bytes, key: bytes, pos: int, n: int) -> int:
+        """Bytes of the page-aligned common prefix of `ck` and `key[pos:n]`."""
+        m = min(len(ck), n - pos) // _TB
+        a = np.frombuffer(ck, np.int64, count=m)
+        b = np.frombuffer(key, np.int64, count=m, offset=pos)
+        neq = a != b
+        i = int(neq.argmax()) if neq.any() else m
+        return (i - i % self.page_size) * _TB
+
+    def _split(self, child: TreeNode, m: int) -> TreeNode:
+        """Cut `child` after `m` key bytes (page-aligned, 0 < m < len(key)); returns the upper
+        half, a new node that takes child's place under the parent. Keeps lock_ref, time, hits
+        on both halves, so every size counter is unchanged; child keeps its identity (handles
+        to it stay valid and its path length is unchanged)::
+
+            parent --[k0 .. k_m)--> new --[k_m .. k_end)--> child
+        """
+        t = m // _TB
+        parent = child.parent
+        new = TreeNode(child.key[:m], child.value[:t].copy(), parent, child.time,
+                       next(self._nids), self._uid, child.ns)
+        new.lock_ref, new.hits = child.lock_ref, child.hits
+        child.key = child.key[m:]
+        child.value = child.value[t:].copy()
+        child.parent = new
+        new.children = {child.key[:self._pb]: child}
+        parent.children[new.key[:self._pb]] = new
+        return new
+
+    def _walk(self, node: TreeNode, key: bytes, vals: list, count_hit: bool) -> TreeNode:
+        """Descend from `node` along `key` (page-aligned), splitting where the match ends inside
+        a node; touches and collects the values of the matched nodes. Returns the last node."""
+        pb, clock, index, lfu = self._pb, self._clock, self._index, self._index._lfu
+        pos, n = 0, len(key)
+        while pos < n:
+            children = node.children
+            child = children.get(key[pos:pos + pb]) if children else None
+            if child is None:
+                break
+            ck = child.key
+            kl = len(ck)
+            if key[pos:pos + kl] != ck:
+                child = self._split(child, self._common(ck, key, pos, n))
+                kl = len(child.key)
+            child.time = clock
+            if count_hit and lfu:
+                child.hits += 1
+            if child.where:
+                index.touch(child)
+            vals.append(child.value)
+            pos += kl
+            node = child
+        return node
+
+    def _insert(self, tokens, indices, extra_key, start):
+        """insert(); returns (already_cached_len, last_node, cached_values_after_start)."""
+        key = encode_tokens(tokens)
+        n = len(key) - len(key) % self._pb
+        if n < len(key):
+            key = key[:n]
+        idx = as_slot_array(indices, "indices")
+        if idx.size * _TB < n:
+            raise ValueError(f"indices: {idx.size} slots for {n // _TB} tokens to cache")
+        node, pos = self._root(extra_key), 0
+        if start is not None:
+            sn, slen = start
+            if not isinstance(sn, TreeNode) or sn.owner != self._uid or sn.ns != extra_key:
+                raise ForeignId("start: match handle of another cache or namespace")
+            if sn.parent is not None and slen * _TB <= n:
+                node, pos = sn, slen * _TB
+        self._clock += 1
+        if pos:  # resuming below the root: touch the path above, as a full walk would
+            up = node
+            if up.where:
+                up.time = self._clock
+                self._index.touch(up)
+            while up.parent is not None:
+                up.time = self._clock
+                up = up.parent
+        vals = []
+        if pos < n:
+            last = self._walk(node, key[pos:] if pos else key, vals, False)
+            pos += sum(len(v) for v in vals) * _TB
+            node = last
+        if pos < n:
+            new = idx[pos // _TB:n // _TB]
+            self._check_new_slots(new)
+            leaf = TreeNode(key[pos:], new.copy(), node, self._clock, next(self._nids),
+                            self._uid, extra_key)
+            if node.children is None:
+                node.children = {}
+                if node.where:
+                    self._index.remove(node)
+            node.children[key[pos:pos + self._pb]] = leaf
+            self._evictable += len(new)
+            self._index.add(leaf)
+            return pos // _TB, leaf, vals
+        return n // _TB, node, vals
+
+    def _check_new_slots(self, new: np.ndarray) -> None:
+        if new.size and (int(new.min()) < 0 or int(new.max()) >= self.pool.size):
+            raise ForeignId(f"indices: slot out of range [0, {self.pool.size})")
+        if self.page_size > 1 and isinstance(self.pool, PagedTokenPool):
+            self.pool.pages_of(new, "indices")

@@ -1,0 +1,188 @@
+"""Token-slot pools for the radix prefix cache (SGLang's TokenToKVPool allocator, CPU side).
+
+A pool hands out KV-cache *slots* (one slot = one token's K/V in every layer) as int64 tensors.
+`TokenPool` is token-granular (page_size 1); `PagedTokenPool` hands out whole pages, so a slot
+list it returns or takes back always covers complete pages `[p*P, p*P + P)`.
+
+NOTE: `alloc` raises `OutOfBlocks` instead of returning None (SGLang returns None): a None is
+easy to index by mistake, a typed error is not. Use `can_alloc(n)` to ask first, or catch the
+error, evict from the cache and retry. Every failed call leaves the pool unchanged.
+
+Conservation: `available_size() + (slots handed out and not yet freed) == size`, exactly.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .errors import DoubleFree, ForeignId, OutOfBlocks
+
+__all__ = ["TokenPool", "PagedTokenPool", "as_slot_array"]
+
+
+def as_slot_array(slots, name: str = "slots") -> np.ndarray:
+    """A 1-D int64 numpy view/copy of `slots` (torch tensor, numpy array or sequence of ints)."""
+    if isinstance(slots, torch.Tensor):
+        if slots.device.type != "cpu":
+            raise ValueError(f"{name}: expected a CPU tensor, got device {slots.device}")
+        if slots.dtype.is_floating_point or slots.dtype == torch.bool:
+            raise TypeError(f"{name}: expected an integer tensor, got {slots.dtype}")
+        arr = slots.detach().reshape(-1).numpy()
+    else:
+        arr = np.asarray(slots)
+        if arr.size and arr.dtype.kind not in "iu":
+            raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
+        arr = arr.reshape(-1)
+    return arr if arr.dtype == np.int64 else arr.astype(np.int64)
+
+
+class TokenPool:
+    """A fixed pool of `size` token slots `0 .. size-1`, handed out LIFO.
+
+    Mutates: `alloc` and `free` only. Slots returned by `alloc` are fresh tensors owned by the
+    caller; the pool keeps no reference to them.
+    """
+
+    page_size = 1
+
+    def __init__(self, size: int):
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"size: expected a non-negative int, got {size!r}")
+        self.size = size
+        self._stack = np.arange(size - 1, -1, -1, dtype=np.int64)  # top = end, slot 0 first
+        self._top = size
+        self._is_free = np.ones(size, dtype=bool)
+
+    ##### Public API #####
+
+    def available_size(self) -> int:
+        """Number of free slots."""
+        return self._top
+
+    def can_alloc(self, n: int) -> bool:
+        return 0 <= n <= self._top
+
+    def alloc(self, n: int) -> torch.Tensor:
+        """Take `n` free slots; returns an int64 tensor of shape [n] (a fresh copy).
+
+        Raises ValueError for a negative `n`, OutOfBlocks when fewer than `n` slots are free
+        (nothing taken).
+        """
+        if not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"n: expected a non-negative int, got {n!r}")
+        if n > self._top:
+            raise OutOfBlocks(f"n={n} slots requested, only {self._top} of {self.size} free")
+        top = self._top - n
+        out = self._stack[top:self._top][::-1].copy()
+        self._top = top
+        self._is_free[out] = False
+        return torch.from_numpy(out)
+
+    def free(self, slots) -> None:
+        """Return `slots` (tensor / array / ints) to the pool; all-or-nothing.
+
+        Raises ForeignId for a slot out of range, DoubleFree for a slot already free or listed
+        twice; in both cases nothing is freed.
+        """
+        arr = as_slot_array(slots)
+        if arr.size == 0:
+            return
+        self._check_owned(arr)
+        self._stack[self._top:self._top + arr.size] = arr
+        self._top += arr.size
+        self._is_free[arr] = True
+
+    def is_free(self, slots) -> np.ndarray:
+        """Boolean array: which of `slots` are free now (for checks and tests)."""
+        return self._is_free[as_slot_array(slots)]
+
+    def free_slots(self) -> np.ndarray:
+        """A copy of the free slots (for checks and tests)."""
+        return self._stack[:self._top].copy()
+
+    def check_integrity(self) -> None:
+        """Free stack and free mask agree exactly; raises CacheError-derived errors otherwise."""
+        fs = self._stack[:self._top]
+        if len(np.unique(fs)) != fs.size:
+            raise DoubleFree("free stack holds a slot twice")
+        if int(self._is_free.sum()) != self._top or not self._is_free[fs].all():
+            raise DoubleFree("free mask and free stack disagree")
+
+    ##### Internal #####
+
+    def _check_owned(self, arr: np.ndarray) -> None:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= self.size:
+            raise ForeignId(f"slots: value out of range [0, {self.size}): min {lo}, max {hi}")
+        if self._is_free[arr].any():
+            bad = arr[self._is_free[arr]][:8].tolist()
+            raise DoubleFree(f"slots: already free: {bad}")
+        if arr.size > 1 and np.unique(arr).size != arr.size:
+            raise DoubleFree("slots: a slot is listed twice")
+
+
+class PagedTokenPool(TokenPool):
+    """A pool of `size // page_size` pages; `alloc(n)` and `free(slots)` work in whole pages.
+
+    `alloc(n)` needs `n % page_size == 0` and returns the slots of `n // page_size` pages, each
+    page as `p*P .. p*P+P-1` in order. `free` accepts only complete pages (any page order).
+    """
+
+    def __init__(self, size: int, page_size: int):
+        if not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"page_size: expected a positive int, got {page_size!r}")
+        if not isinstance(size, int) or size < 0 or size % page_size:
+            raise ValueError(f"size: expected a non-negative multiple of page_size={page_size}, "
+                             f"got {size!r}")
+        super().__init__(size)
+        self.page_size = page_size
+        self._pages = TokenPool(size // page_size)
+        self._offs = np.arange(page_size, dtype=np.int64)
+
+    def available_size(self) -> int:
+        return self._pages.available_size() * self.page_size
+
+    def can_alloc(self, n: int) -> bool:
+        return n % self.page_size == 0 and 0 <= n <= self.available_size()
+
+    def alloc(self, n: int) -> torch.Tensor:
+        """Take `n // page_size` pages; `n` must be a multiple of page_size. See TokenPool.alloc."""
+        if not isinstance(n, (int, np.integer)) or n < 0 or n % self.page_size:
+            raise ValueError(f"n: expected a non-negative multiple of page_size="
+                             f"{self.page_size}, got {n!r}")
+        try:
+            pages = self._pages.alloc(n // self.page_size).numpy()
+        except OutOfBlocks:
+            raise OutOfBlocks(f"n={n} slots requested, only {self.available_size()} of "
+                              f"{self.size} free") from None
+        out = (pages[:, None] * self.page_size + self._offs).reshape(-1)
+        self._is_free[out] = False
+        return torch.from_numpy(out)
+
+    def free(self, slots) -> None:
+        arr = as_slot_array(slots)
+        if arr.size == 0:
+            return
+        self._check_owned(arr)
+        pages = self.pages_of(arr)
+        self._pages.free(pages)
+        self._is_free[arr] = True
+
+    def pages_of(self, arr: np.ndarray, name: str = "slots") -> np.ndarray:
+        """Page ids of a complete-pages slot array; ValueError if `arr` is not whole pages."""
+        ps = self.page_size
+        if arr.size % ps:
+            raise ValueError(f"{name}: length {arr.size} is not a multiple of page_size={ps}")
+        rows = np.sort(arr).reshape(-1, ps)
+        if (rows[:, 0] % ps).any() or (rows - rows[:, :1] != self._offs).any():
+            raise ValueError(f"{name}: slots do not form complete pages of size {ps}")
+        return rows[:, 0] // ps
+
+    def free_slots(self) -> np.ndarray:
+        return np.flatnonzero(self._is_free).astype(np.int64)
+
+    def check_integrity(self) -> None:
+        self._pages.check_integrity()
+        pmask = self._pages._is_free
+        if not (self._is_free.reshape(-1, self.page_size) == pmask[:, None]).all():
+            raise DoubleFree("slot mask and page mask disagree")
