@@ -17,7 +17,11 @@ _MODULES = {
 
 
 def _module(op):
-    return importlib.import_module(_MODULES[op])
+    mod = importlib.import_module(_MODULES[op])
+    # NOTE: importing submodule `pagedattn.triton_kernels.<op>` rebinds this package's attribute
+    # `<op>` to the module; put the router function of the same name back.
+    globals()[op] = _ROUTES[op]
+    return mod
 
 
 def supports(op: str, **facts) -> list:
@@ -50,3 +54,7 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, **kw):
 
 def copy_blocks(caches, block_mapping):
     return _module("copy_blocks").run(caches, block_mapping)
+
+
+_ROUTES = {"paged_decode": paged_decode, "extend_attention": extend_attention,
+           "store_kv": store_kv, "copy_blocks": copy_blocks}

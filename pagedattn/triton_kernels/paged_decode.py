@@ -1,0 +1,399 @@
+"""Paged decode attention in Triton: one-pass (v1) and split-KV (v2) + combine (reference §1.4).
+
+Grid and work split
+-------------------
+One program per (KV head, sequence[, partition]) computes all G = Hq/Hkv query heads of the group
+(times Lq query tokens for speculative decode): R = G*Lq rows padded to BLOCK_M >= 16 for
+``tl.dot``, so each KV byte is read once (§1.4.4). A sequence is cut into partitions of
+PARTITION_SIZE tokens (512; 256 when G > 15; ``partition_size=`` overrides); each partition runs
+the online softmax over KV tiles of BLOCK_N tokens and yields (m_p, l_p, O_p).
+
+* a sequence with one partition (seq_len <= PARTITION_SIZE, or empty) writes out/lse directly;
+* a longer sequence stores (m_p, l_p, O_p) in a float32 workspace and is merged by
+  :func:`_combine_rows`: w_p = l_p * exp2(m_p - M) / sum_p(...) (§1.4.3).
+
+Two launch shapes evaluate exactly this arithmetic:
+
+* split (v2): grid (Hkv, B, P_max), one program per partition, then a combine launch on
+  (Hkv, B). Used when B * Hkv does not fill the GPU.
+* one-pass (v1): grid (Hkv, B); the program walks its sequence's partitions itself and runs the
+  same combine at the end (workspace reads after a CTA barrier). Used when B * Hkv >= 8 * SMs.
+
+NOTE batch invariance: split points depend only on the sequence and the partition size (never
+on the batch), single- vs multi-partition handling is decided per sequence, and both launch
+shapes run the same per-partition and combine code on the same tile shapes. So a sequence's
+output is bitwise identical whatever else is in the batch and whichever launch shape the batch
+size selects.
+"""
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedattn import layouts as L
+from pagedattn.reference import FP8_DTYPES
+from pagedattn.triton_kernels._common import (LN2, LOG2E, alibi_bias, finalize_state, kv_offset,
+                                              online_softmax_step, soft_cap, visible)
+
+FORCE_MODE = None  # tests/bench: "one_pass" | "split" | None (rule); env PAGEDATTN_DECODE_MODE
+
+
+@triton.jit
+def _attend_partition(q, seq_len, lo, part_start, part_end, h, pos, slope2, d, d_mask,
+                      bt_row_ptr, k_ptr, v_ptr, qk_scale, cap, window,
+                      stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
+                      stride_kdh: tl.int64, stride_kdl: tl.int64,
+                      stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
+                      stride_vdh: tl.int64, stride_vdl: tl.int64,
+                      K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr,
+                      V_LO_ONE: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_BLOCK: tl.constexpr,
+                      CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
+                      HAS_ALIBI: tl.constexpr, IEEE: tl.constexpr):
+    """Online softmax of the group rows over keys [max(lo, part_start), min(part_end, seq_len)).
+
+    q [BLOCK_M, BLOCK_D]; pos [BLOCK_M] absolute query positions; slope2 [BLOCK_M] ALiBi slopes
+    (log2 domain). Tiles wholly before ``lo`` (sliding window) are skipped, not masked.
+    Returns m [BLOCK_M], l [BLOCK_M] (log2 domain) and acc [BLOCK_M, BLOCK_D] float32.
+    """
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    hi = tl.minimum(part_end, seq_len)
+    first = part_start + (tl.maximum(lo - part_start, 0) // BLOCK_N) * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)
+    for start in range(first, hi, BLOCK_N):
+        j = start + offs_n  # [BLOCK_N] key positions
+        j_ok = j < hi
+        if ONE_BLOCK:  # the tile lies inside one block: one table entry (start < seq_len)
+            blk_n = tl.load(bt_row_ptr + start // BS).to(tl.int64)  # scalar
+        else:  # per-token block ids, masked: never read past ceil(seq_len / BS) entries
+            blk_n = tl.load(bt_row_ptr + j // BS, mask=j_ok, other=0).to(tl.int64)[:, None]
+        tok = (j % BS).to(tl.int64)  # [BLOCK_N]
+        kv_mask = j_ok[:, None] & d_mask[None, :]  # [BLOCK_N, BLOCK_D]
+        k_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_kb, stride_kt,
+                          stride_kh, stride_kdh, stride_kdl, K_X, K_SPLIT, K_LO_ONE)
+        k = tl.load(k_ptr + k_off, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_M, BLOCK_N]
+        else:
+            s = tl.dot(q, tl.trans(k))
+        if HAS_CAP:
+            s = soft_cap(s * qk_scale, cap) * 1.4426950408889634
+        else:
+            s = s * qk_scale  # qk_scale already holds log2(e)
+        if HAS_ALIBI:
+            s += alibi_bias(slope2[:, None], j[None, :], pos[:, None])
+        ok = visible(j[None, :], pos[:, None], hi, window, CAUSAL, HAS_WINDOW)
+        s = tl.where(ok, s, float("-inf"))
+        m_i, l_i, alpha, p = online_softmax_step(m_i, l_i, s)
+        v_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_vb, stride_vt,
+                          stride_vh, stride_vdh, stride_vdl, BLOCK_D, False, V_LO_ONE)
+        v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _combine_rows(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, rows, row_ok, d, d_mask, sink2,
+                  R: tl.constexpr, D: tl.constexpr, HAS_SINK: tl.constexpr):
+    """Merge n_parts partition states of one (sequence, KV head): elementwise per row, in
+    partition order, so the result does not depend on the launch shape.
+
+    ws_row0: int64 index of (seq, head, partition 0, row 0) in the [.., P, R] workspace.
+    Returns out [BLOCK_M, BLOCK_D] float32 and lse2 [BLOCK_M].
+    """
+    big_m = tl.full(rows.shape, float("-inf"), tl.float32)
+    for p in range(0, n_parts):
+        m_p = tl.load(ws_ml_ptr + 2 * (ws_row0 + p * R + rows), mask=row_ok,
+                      other=float("-inf"), cache_modifier=".cg")
+        big_m = tl.maximum(big_m, m_p)
+    m_safe = tl.where(big_m == float("-inf"), 0.0, big_m)
+    l_sum = tl.zeros(rows.shape, tl.float32)
+    acc = tl.zeros((rows.shape[0], d.shape[0]), tl.float32)
+    o_mask = row_ok[:, None] & d_mask[None, :]
+    for p in range(0, n_parts):
+        row = ws_row0 + p * R + rows  # [BLOCK_M] int64
+        m_p = tl.load(ws_ml_ptr + 2 * row, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        l_p = tl.load(ws_ml_ptr + 2 * row + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
+        o_p = tl.load(ws_o_ptr + row[:, None] * D + d[None, :], mask=o_mask, other=0.0,
+                      cache_modifier=".cg")
+        w = l_p * tl.exp2(m_p - m_safe)  # [BLOCK_M]; 0 for an empty partition
+        l_sum += w
+        acc += w[:, None] * o_p
+    return finalize_state(big_m, l_sum, acc, sink2, HAS_SINK)
+
+
+@triton.jit
+def _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, d_mask, v_scale, Hq, LQ,
+                stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
+                RETURN_LSE: tl.constexpr):
+    """out[s, qi, qh, :] = o * v_scale; lse[s, qi, qh] = natural log (contiguous [B, LQ, Hq])."""
+    o_off = s * stride_ob + qi[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :]
+    tl.store(out_ptr + o_off, (o * v_scale).to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & d_mask[None, :])
+    if RETURN_LSE:
+        l_off = (s * LQ + qi) * Hq + qh
+        tl.store(lse_ptr + l_off, lse2 * 0.6931471805599453, mask=row_ok)
+
+
+@triton.jit
+def _decode_kernel(
+        q_ptr,  # [B, LQ, Hq, D] (strides; LQ dim stride 0 for 3-D q)
+        k_ptr, v_ptr,  # paged caches, any layout (addressed through kv_offset)
+        block_table_ptr,  # int32 [B, max_blocks]
+        seq_lens_ptr,  # int32 [B]
+        k_scale_ptr, v_scale_ptr,  # float32 [Hkv] (fp8 caches) or dummies
+        slopes_ptr, sinks_ptr,  # float32 [Hq] or dummies
+        out_ptr,  # [B, LQ, Hq, D]
+        lse_ptr,  # float32 [B, LQ, Hq]
+        ws_ml_ptr,  # float32 [B, Hkv, P, R, 2]: (m_p, l_p) per partition and row
+        ws_o_ptr,  # float32 [B, Hkv, P, R, D]: normalised O_p
+        scale, cap, window, Hq, LQ, P, PART,
+        stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
+        stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
+        stride_bt: tl.int64,
+        stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64, stride_kdh: tl.int64,
+        stride_kdl: tl.int64,
+        stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64, stride_vdh: tl.int64,
+        stride_vdl: tl.int64,
+        G: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+        K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, CAUSAL: tl.constexpr,
+        HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+        HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr,
+        IEEE: tl.constexpr):
+    # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode.
+    h = tl.program_id(0)
+    s = tl.program_id(1).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
+    n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
+    rows = tl.arange(0, BLOCK_M)  # row r = (query token r // G, head h*G + r % G)
+    row_ok = rows < R
+    qi = rows // G
+    qh = h * G + rows % G
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    q_off = s * stride_qb + qi[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_mask[None, :], other=0.0)
+    pos = seq_len - LQ + qi  # [BLOCK_M] absolute position of each row's query
+    lo = 0
+    if HAS_WINDOW:  # first key any row can see; earlier tiles are skipped
+        lo = tl.maximum(seq_len - LQ + 1 - window, 0)
+    qk_scale = scale  # k_scale folds in here; log2(e) too unless the soft-cap needs natural logits
+    v_scale = 1.0
+    if HAS_KV_SCALE:  # per KV head = this program's head: scalars
+        qk_scale = qk_scale * tl.load(k_scale_ptr + h)
+        v_scale = tl.load(v_scale_ptr + h)
+    if not HAS_CAP:
+        qk_scale = qk_scale * 1.4426950408889634
+    slope2 = tl.zeros((BLOCK_M,), tl.float32)
+    if HAS_ALIBI:
+        slope2 = tl.load(slopes_ptr + qh, mask=row_ok, other=0.0) * 1.4426950408889634
+    sink2 = tl.zeros((BLOCK_M,), tl.float32)
+    if HAS_SINK:
+        sink2 = tl.load(sinks_ptr + qh, mask=row_ok, other=0.0) * 1.4426950408889634
+    bt_row_ptr = block_table_ptr + s * stride_bt
+    ws_row0 = ((s * tl.num_programs(0) + h) * P) * R  # int64: (s, h, partition 0, row 0)
+    if ONE_PASS:
+        p_begin = 0
+        p_end = n_parts
+    else:
+        p_begin = tl.program_id(2)
+        p_end = tl.minimum(p_begin + 1, n_parts)
+    for p in range(p_begin, p_end):
+        m, l, acc = _attend_partition(
+            q, seq_len, lo, p * PART, p * PART + PART, h, pos, slope2, d, d_mask, bt_row_ptr,
+            k_ptr, v_ptr, qk_scale, cap, window, stride_kb, stride_kt, stride_kh, stride_kdh,
+            stride_kdl, stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT,
+            K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, ONE_BLOCK, CAUSAL, HAS_WINDOW,
+            HAS_CAP, HAS_ALIBI, IEEE)
+        if n_parts == 1:  # whole sequence in one partition: finish here
+            o, lse2 = finalize_state(m, l, acc, sink2, HAS_SINK)
+            _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, d_mask, v_scale, Hq,
+                        LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
+        else:  # park (m_p, l_p, O_p = acc / l_p) for the combine
+            row = ws_row0 + p * R + rows
+            tl.store(ws_ml_ptr + 2 * row, m, mask=row_ok)
+            tl.store(ws_ml_ptr + 2 * row + 1, l, mask=row_ok)
+            o_p = acc * tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)[:, None]
+            tl.store(ws_o_ptr + row[:, None] * D + d[None, :], o_p,
+                     mask=row_ok[:, None] & d_mask[None, :])
+    if ONE_PASS:
+        if n_parts > 1:
+            tl.debug_barrier()  # this CTA's workspace stores are visible to all its threads
+            o, lse2 = _combine_rows(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, rows, row_ok, d,
+                                    d_mask, sink2, R, D, HAS_SINK)
+            _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, d_mask, v_scale, Hq,
+                        LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
+
+
+@triton.jit
+def _combine_kernel(seq_lens_ptr,  # int32 [B]
+                    v_scale_ptr, sinks_ptr,  # float32 [Hkv], [Hq] or dummies
+                    out_ptr, lse_ptr,  # [B, LQ, Hq, D], float32 [B, LQ, Hq]
+                    ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
+                    Hq, LQ, P, PART,
+                    stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
+                    G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SINK: tl.constexpr,
+                    HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr):
+    # grid: (Hkv, B); sequences with a single partition were finished by _decode_kernel.
+    h = tl.program_id(0)
+    s = tl.program_id(1).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
+    n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
+    if n_parts > 1:
+        rows = tl.arange(0, BLOCK_M)
+        row_ok = rows < R
+        qi = rows // G
+        qh = h * G + rows % G
+        d = tl.arange(0, BLOCK_D)
+        d_mask = d < D
+        v_scale = 1.0
+        if HAS_KV_SCALE:
+            v_scale = tl.load(v_scale_ptr + h)
+        sink2 = tl.zeros((BLOCK_M,), tl.float32)
+        if HAS_SINK:
+            sink2 = tl.load(sinks_ptr + qh, mask=row_ok, other=0.0) * 1.4426950408889634
+        ws_row0 = ((s * tl.num_programs(0) + h) * P) * R
+        o, lse2 = _combine_rows(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, rows, row_ok, d, d_mask,
+                                sink2, R, D, HAS_SINK)
+        _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, d_mask, v_scale, Hq, LQ,
+                    stride_ob, stride_ot, stride_oh, RETURN_LSE)
+
+
+# ----------------------------------------------------------------------------------------------
+# launcher
+# ----------------------------------------------------------------------------------------------
+
+# (BLOCK_N, num_warps, num_stages) keyed by (padded head dim, rows bucket). NVIDIA: KV tiles of
+# 64 tokens, 4 warps, 3 stages (2 x 16 KB bf16 tiles per stage at D=128); AMD/DCU: fewer stages.
+_CONFIGS = {
+    "nvidia": {(128, 16): (64, 4, 3), (128, 64): (64, 4, 3), (128, 256): (32, 8, 2),
+               (256, 16): (32, 4, 2), (256, 64): (32, 4, 2), (256, 256): (16, 8, 2)},
+    "amd": {(128, 16): (64, 4, 1), (128, 64): (64, 4, 1), (128, 256): (32, 8, 1),
+            (256, 16): (32, 4, 1), (256, 64): (32, 4, 1), (256, 256): (16, 8, 1)},
+}
+_TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
+MAX_ROWS = 256  # G * Lq rows per program
+
+
+def _next_pow2(n):
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _config(block_d, rows, device):
+    fam = _TORCH_TO_FAMILY[bool(getattr(torch.version, "hip", None))]
+    bucket = 16 if rows <= 16 else 64 if rows <= 64 else 256
+    return _CONFIGS[fam][(128 if block_d <= 128 else 256, bucket)]
+
+
+def _num_sms(device):
+    if device.type != "cuda":
+        return 1  # interpreter: any rule is fine; tests force both modes
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_partition_size(group):
+    """PARTITION_SIZE rule (§5.2.5): 512, 256 when the GQA group is larger than 15."""
+    return 256 if group > 15 else 512
+
+
+def unsupported(q=None, k_cache=None, geom=None, **_):
+    """Reasons this kernel cannot serve the call ([] = it can)."""
+    why = []
+    if q is not None and geom is not None:
+        lq = 1 if q.dim() == 3 else q.shape[1]
+        rows = (q.shape[-2] // geom.num_kv_heads) * lq
+        if rows > MAX_ROWS:
+            why.append(f"group*q_len = {rows} rows exceeds {MAX_ROWS}")
+        if geom.head_dim > 256:
+            why.append(f"head_dim {geom.head_dim} > 256")
+    return why
+
+
+def _mode(num_seqs, num_kv_heads, device):
+    forced = FORCE_MODE or os.environ.get("PAGEDATTN_DECODE_MODE") or None
+    if forced:
+        if forced not in ("one_pass", "split"):
+            raise ValueError(f"PAGEDATTN_DECODE_MODE: expected one_pass or split, got {forced!r}")
+        return forced
+    # one-pass when the (head, sequence) programs alone give every SM several CTAs to run
+    return "one_pass" if num_seqs * num_kv_heads >= 8 * _num_sms(device) else "split"
+
+
+def run(call):
+    """Launch the decode kernel(s) for a validated DecodeCall; write call.out.
+
+    Returns float32 lse shaped ``q.shape[:-1]`` (natural log) when call.return_lse, else None.
+    """
+    q, out, g, o = call.q, call.out, call.geom, call.opts
+    q4 = q if q.dim() == 4 else q.unsqueeze(1)  # views: strides kept
+    out4 = out if out.dim() == 4 else out.unsqueeze(1)
+    nb, lq, hq, d = q4.shape
+    hkv, bs = g.num_kv_heads, g.block_size
+    group = hq // hkv
+    rows = group * lq
+    dev = q.device
+    part = call.partition_size or default_partition_size(group)
+    block_d = max(16, _next_pow2(d))
+    block_m = max(16, _next_pow2(rows))
+    block_n, num_warps, num_stages = _config(block_d, rows, dev)
+    if dev.type != "cuda":
+        block_n = 16  # interpreter: small tiles so tiny test sequences still span several
+    block_n = min(block_n, max(16, part))
+    one_block = bs % block_n == 0 and part % block_n == 0
+    n_part_max = max(1, triton.cdiv(call.block_table.shape[1] * bs, part))  # host bound, no sync
+    mode = _mode(nb, hkv, dev)
+    ks, vs = L.k_strides(call.k_cache, call.layout), L.v_strides(call.v_cache, call.layout)
+    f32 = dict(dtype=torch.float32, device=dev)
+    lse = torch.empty((nb, lq, hq), **f32) if call.return_lse else torch.empty(1, **f32)
+    if n_part_max > 1:
+        ws_ml = torch.empty((nb, hkv, n_part_max, rows, 2), **f32)
+        ws_o = torch.empty((nb, hkv, n_part_max, rows, d), **f32)
+    else:
+        ws_ml = ws_o = lse  # never touched: every sequence fits one partition
+    dummy = torch.empty(1, **f32)
+    has_kv_scale = call.k_cache.dtype in FP8_DTYPES and o.k_scale is not None
+    common = dict(G=group, R=rows, D=d, BLOCK_M=block_m, BLOCK_D=block_d,
+                  HAS_SINK=o.sinks is not None, HAS_KV_SCALE=has_kv_scale,
+                  RETURN_LSE=call.return_lse)
+    # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
+    grid = (hkv, nb, 1 if mode == "one_pass" else n_part_max)
+    _decode_kernel[grid](
+        q_ptr=q4, k_ptr=call.k_cache, v_ptr=call.v_cache, block_table_ptr=call.block_table,
+        seq_lens_ptr=call.seq_lens,
+        k_scale_ptr=o.k_scale if has_kv_scale else dummy,
+        v_scale_ptr=o.v_scale if has_kv_scale else dummy,
+        slopes_ptr=o.alibi_slopes if o.alibi_slopes is not None else dummy,
+        sinks_ptr=o.sinks if o.sinks is not None else dummy,
+        out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o,
+        scale=float(o.scale), cap=float(o.logit_cap or 1.0),
+        window=int(o.sliding_window or 0), Hq=hq, LQ=lq, P=n_part_max, PART=part,
+        stride_qb=q4.stride(0), stride_qt=q4.stride(1), stride_qh=q4.stride(2),
+        stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
+        stride_bt=call.block_table.stride(0),
+        stride_kb=ks.block, stride_kt=ks.token, stride_kh=ks.head, stride_kdh=ks.dim_hi,
+        stride_kdl=ks.dim_lo,
+        stride_vb=vs.block, stride_vt=vs.token, stride_vh=vs.head, stride_vdh=vs.dim_hi,
+        stride_vdl=vs.dim_lo,
+        BS=bs, K_X=ks.x, K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1,
+        BLOCK_N=block_n, ONE_BLOCK=one_block, ONE_PASS=mode == "one_pass", CAUSAL=lq > 1,
+        HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
+        HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
+        num_warps=num_warps, num_stages=num_stages, **common)
+    if mode == "split" and n_part_max > 1:
+        # grid: (KV head, sequence); programs of single-partition sequences exit at once
+        _combine_kernel[(hkv, nb)](
+            seq_lens_ptr=call.seq_lens, v_scale_ptr=o.v_scale if has_kv_scale else dummy,
+            sinks_ptr=o.sinks if o.sinks is not None else dummy, out_ptr=out4, lse_ptr=lse,
+            ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, Hq=hq, LQ=lq, P=n_part_max, PART=part,
+            stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
+            num_warps=4, **common)
+    return lse.view(q.shape[:-1]) if call.return_lse else None
