@@ -1,0 +1,150 @@
+"""What each backend declares it supports, per op: pure data, testable without importing kernels.
+
+The selector reads these tables to rank backends; the backend module's own ``supports()``
+stays the final word at call time (dispatch.core asks it before returning a backend), and
+tests/test_dispatch.py checks these tables against the modules whenever they import.
+"""
+from dataclasses import dataclass
+from typing import FrozenSet, Optional, Tuple
+
+import torch
+
+from pagedattn.dispatch.arch import ArchFacts, fp8_format
+
+OPS = ("paged_decode", "extend_attention", "store_kv", "copy_blocks")
+
+# Call features a backend may lack. Each is derived from the call's arguments:
+#   sinks (sinks=), soft_cap (logit_cap=), window (sliding_window=), alibi (alibi_slopes=),
+#   lse (return_lse=True), tree_mask (custom_mask=), k_new (k_new/v_new read directly),
+#   non_causal (extend with causal=False), spec_decode (decode with q [B, q_len, Hq, D]).
+FEATURES = frozenset({"sinks", "soft_cap", "window", "alibi", "lse", "tree_mask", "k_new",
+                      "non_causal", "spec_decode"})
+
+LAYOUTS = ("bhsd", "bshd", "vllm", "hcu")
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+HALFS = (torch.float16, torch.bfloat16)
+POW2 = tuple(2 ** i for i in range(9))  # 1 .. 256
+# The head dims the public ops accept (pagedattn.validation.HEAD_DIMS); Triton pads D to the
+# next power of 2 with masked lanes, so every one of them compiles.
+TRITON_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 256)
+ATTN_FEATURES = frozenset({"sinks", "soft_cap", "window", "alibi", "lse"})
+
+# Where a backend can run at all.
+ANYWHERE = "anywhere"  # torch: any device torch runs on
+GPU_OR_INTERPRETER = "gpu_or_interpreter"  # triton: a GPU, or the CPU with TRITON_INTERPRET=1
+HIP_BUILD = "hip_build"  # hip: a GPU whose arch the HIP extension is built for
+
+
+@dataclass(frozen=True)
+class OpCaps:
+    """One backend's declared support for one op. None means "any"."""
+
+    dtypes: Optional[Tuple[torch.dtype, ...]]  # q dtype (store_kv: k's dtype)
+    kv_fp8: Tuple[str, ...]  # fp8 cache formats on top of "cache dtype == q dtype"
+    layouts: Optional[Tuple[str, ...]]
+    head_dims: Optional[Tuple[int, ...]]
+    block_sizes: Optional[Tuple[int, ...]]
+    max_group: Optional[int]  # largest num_q_heads / num_kv_heads
+    features: FrozenSet[str]
+
+
+@dataclass(frozen=True)
+class BackendCaps:
+    name: str
+    module: str  # imported lazily by dispatch.core.load
+    where: str  # ANYWHERE | GPU_OR_INTERPRETER | HIP_BUILD
+    ops: dict  # op -> OpCaps
+
+
+_ANY_COPY = OpCaps(None, ("e4m3", "e5m2"), None, None, None, None, frozenset())
+
+# torch: the float32 reference; serves every call the public ops accept, on any device.
+TORCH = BackendCaps("torch", "pagedattn.torch_backend", ANYWHERE, {
+    "paged_decode": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, None, None, None,
+                           ATTN_FEATURES | {"spec_decode"}),
+    "extend_attention": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, None, None, None,
+                               ATTN_FEATURES | {"tree_mask", "k_new", "non_causal"}),
+    "store_kv": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, None, None, None, frozenset()),
+    "copy_blocks": _ANY_COPY,
+})
+
+# triton: the portable default (DESIGN.md): every layout through the shared address function,
+# block sizes 1 (SGLang's token pool) to 256, any GQA group (the group is padded to a tl.dot
+# tile), head dims up to 256 (a 512-wide K tile of 64 tokens is 64 KB in fp16: over budget).
+TRITON = BackendCaps("triton", "pagedattn.triton_kernels", GPU_OR_INTERPRETER, {
+    "paged_decode": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, POW2, None,
+                           ATTN_FEATURES | {"spec_decode"}),
+    "extend_attention": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, POW2, None,
+                               ATTN_FEATURES | {"tree_mask", "k_new", "non_causal"}),
+    "store_kv": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, POW2, None,
+                       frozenset()),
+    "copy_blocks": _ANY_COPY,
+})
+
+# hip: the hand-written fast path (HIP.md §4). Matrix units take fp16/bf16 only; head dims are
+# the instantiated templates (the DCU header's set); pages >= 16 because the delta-base
+# addressing needs page_size % BLOCK_N == 0 (§6.5: page 1 needs a per-lane 64-bit path);
+# REUSE_KV_TIMES specialisations stop at 64; V must be in a layout the kernels load (vllm's
+# x-split K is not). Features: window/soft-cap are masks in the score loop, LSE comes from the
+# combine; sinks, ALiBi, tree masks and the k_new/spec-decode paths are not written.
+HIP = BackendCaps("hip", "pagedattn.hip_kernels", HIP_BUILD, {
+    "paged_decode": OpCaps(HALFS, ("e4m3", "e5m2"), ("bhsd", "bshd", "hcu"),
+                           (64, 128, 192, 256), (16, 32, 64, 128, 256), 64,
+                           frozenset({"soft_cap", "window", "lse"})),
+    "extend_attention": OpCaps(HALFS, ("e4m3", "e5m2"), ("bhsd", "bshd", "hcu"),
+                               (64, 128, 192, 256), (16, 32, 64, 128, 256), 64,
+                               frozenset({"soft_cap", "window", "lse", "non_causal"})),
+})
+
+CAPS = {c.name: c for c in (TORCH, TRITON, HIP)}
+
+
+def _fmt(v) -> str:
+    return str(v).replace("torch.", "")
+
+
+def unsupported(backend: str, op: str, arch: ArchFacts, *, dtype=None, kv_dtype=None,
+                head_dim: Optional[int] = None, block_size: Optional[int] = None,
+                group: Optional[int] = None, layout: Optional[str] = None,
+                features: FrozenSet[str] = frozenset(), interpret: bool = False) -> list:
+    """Reasons the declared table of ``backend`` rules the call out ([] = declared supported).
+
+    A fact given as None (unknown, or not meaningful for the op) is not checked.
+    """
+    caps = CAPS[backend]
+    oc = caps.ops.get(op)
+    if oc is None:
+        return [f"{backend} does not implement {op}"]
+    why = []
+    gpu = arch.vendor != "cpu"
+    if caps.where == GPU_OR_INTERPRETER and not gpu and not interpret:
+        why.append("tensors are on the CPU and TRITON_INTERPRET is not set")
+    if caps.where == HIP_BUILD and not arch.hip_built:
+        why.append(f"the HIP extension is not built for {arch.arch} "
+                   "(targets: gfx90a, gfx942, gfx928/936/938, sm_80/86/89/90)")
+    if dtype is not None and oc.dtypes is not None and dtype not in oc.dtypes:
+        why.append(f"dtype {_fmt(dtype)} not in {[_fmt(d) for d in oc.dtypes]}")
+    if dtype is not None and caps.where != ANYWHERE and dtype not in arch.dtypes:
+        why.append(f"dtype {_fmt(dtype)} is not computed correctly on {arch.arch}"
+                   + (" (the Triton interpreter's bf16 tl.dot multiplies raw bits)"
+                      if not gpu else ""))
+    fmt = fp8_format(kv_dtype) if kv_dtype is not None else None
+    if fmt is not None:
+        if fmt not in oc.kv_fp8:
+            why.append(f"kv_dtype {_fmt(kv_dtype)}: fp8 {fmt} caches not supported")
+        elif caps.where != ANYWHERE and fmt not in arch.fp8:
+            why.append(f"kv_dtype {_fmt(kv_dtype)}: {arch.arch} reads fp8 as "
+                       f"{list(arch.fp8) or 'none'}")
+    if layout is not None and oc.layouts is not None and layout not in oc.layouts:
+        why.append(f"layout {layout!r} not in {list(oc.layouts)}")
+    if head_dim is not None and oc.head_dims is not None and head_dim not in oc.head_dims:
+        why.append(f"head_dim {head_dim} not in {list(oc.head_dims)}")
+    if block_size is not None and oc.block_sizes is not None and block_size not in oc.block_sizes:
+        why.append(f"block_size {block_size} not in {list(oc.block_sizes)}")
+    if group is not None and oc.max_group is not None and group > oc.max_group:
+        why.append(f"group size {group} > {oc.max_group} (largest REUSE_KV_TIMES "
+                   "specialisation)")
+    missing = sorted(set(features) - oc.features)
+    if missing:
+        why.append(f"features {missing} not supported")
+    return why
