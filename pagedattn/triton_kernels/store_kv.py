@@ -1,0 +1,86 @@
+"""store_kv in Triton: write new tokens' K/V into the paged cache by slot mapping.
+
+slot = block * block_size + offset; slots < 0 are padding and skipped. fp8 caches store
+``x / scale[h]`` saturated to the format's max (the semantics of ``reference.quantize``); other
+caches store x unchanged (same dtype). Every layout goes through the one address function.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from pagedattn import layouts as L
+from pagedattn.reference import FP8_DTYPES
+from pagedattn.triton_kernels._common import kv_offset
+
+
+@triton.jit
+def _quantize(x, scale_ptr, h, FP8: tl.constexpr, FMAX: tl.constexpr, cache_ty: tl.constexpr):
+    """x [BLOCK_D] -> cache dtype; fp8: x / scale[h], clamped to +-FMAX, round to nearest even."""
+    if FP8:
+        y = x.to(tl.float32) / tl.load(scale_ptr + h)
+        y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
+        return y.to(cache_ty, fp_downcast_rounding="rtne")
+    else:
+        return x.to(cache_ty)
+
+
+@triton.jit
+def _store_kv_kernel(
+        k_ptr, v_ptr,  # [T, Hkv, D] new keys / values
+        k_cache_ptr, v_cache_ptr,  # paged caches, any layout
+        slot_mapping_ptr,  # int32/int64 [T]
+        k_scale_ptr, v_scale_ptr,  # float32 [Hkv] (fp8) or dummies
+        stride_kt: tl.int64, stride_kh: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
+        stride_ckb: tl.int64, stride_ckt: tl.int64, stride_ckh: tl.int64,
+        stride_ckdh: tl.int64, stride_ckdl: tl.int64,
+        stride_cvb: tl.int64, stride_cvt: tl.int64, stride_cvh: tl.int64,
+        stride_cvdh: tl.int64, stride_cvdl: tl.int64,
+        D: tl.constexpr, BS: tl.constexpr, BLOCK_D: tl.constexpr,
+        K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr,
+        V_LO_ONE: tl.constexpr, FP8: tl.constexpr, FMAX: tl.constexpr):
+    # grid: (T, Hkv): one program per (token, KV head) writes D elements of K and of V.
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    slot = tl.load(slot_mapping_ptr + t).to(tl.int64)  # scalar; < 0 = padding
+    blk = tl.maximum(slot, 0) // BS  # int64 physical block
+    off = tl.maximum(slot, 0) % BS
+    d = tl.arange(0, BLOCK_D)
+    mask = (d < D) & (slot >= 0)  # [BLOCK_D]
+    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)  # [BLOCK_D]
+    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
+    k_off = kv_offset(blk, off, h, d, stride_ckb, stride_ckt, stride_ckh, stride_ckdh,
+                      stride_ckdl, K_X, K_SPLIT, K_LO_ONE)
+    v_off = kv_offset(blk, off, h, d, stride_cvb, stride_cvt, stride_cvh, stride_cvdh,
+                      stride_cvdl, BLOCK_D, False, V_LO_ONE)
+    ck_ty = k_cache_ptr.dtype.element_ty
+    cv_ty = v_cache_ptr.dtype.element_ty
+    tl.store(k_cache_ptr + k_off, _quantize(k, k_scale_ptr, h, FP8, FMAX, ck_ty), mask=mask)
+    tl.store(v_cache_ptr + v_off, _quantize(v, v_scale_ptr, h, FP8, FMAX, cv_ty), mask=mask)
+
+
+def unsupported(**_):
+    """Reasons this kernel cannot serve the call ([] = it can): every layout and dtype."""
+    return []
+
+
+def run(k, v, k_cache, v_cache, slot_mapping, *, layout, geom, k_scale=None, v_scale=None):
+    """Write k, v [T, Hkv, D] to the cache slots; k_scale/v_scale: float32 [Hkv] for fp8."""
+    t, hkv, d = k.shape
+    if t == 0:
+        return
+    fp8 = k_cache.dtype in FP8_DTYPES
+    ks, vs = L.k_strides(k_cache, layout), L.v_strides(v_cache, layout)
+    dummy = torch.empty(1, dtype=torch.float32, device=k.device)
+    # grid: one program per (token, KV head)
+    _store_kv_kernel[(t, hkv)](
+        k_ptr=k, v_ptr=v, k_cache_ptr=k_cache, v_cache_ptr=v_cache, slot_mapping_ptr=slot_mapping,
+        k_scale_ptr=k_scale if fp8 else dummy, v_scale_ptr=v_scale if fp8 else dummy,
+        stride_kt=k.stride(0), stride_kh=k.stride(1), stride_vt=v.stride(0),
+        stride_vh=v.stride(1),
+        stride_ckb=ks.block, stride_ckt=ks.token, stride_ckh=ks.head, stride_ckdh=ks.dim_hi,
+        stride_ckdl=ks.dim_lo,
+        stride_cvb=vs.block, stride_cvt=vs.token, stride_cvh=vs.head, stride_cvdh=vs.dim_hi,
+        stride_cvdl=vs.dim_lo,
+        D=d, BS=geom.block_size, BLOCK_D=triton.next_power_of_2(d), K_X=ks.x,
+        K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1, FP8=fp8,
+        FMAX=float(torch.finfo(k_cache.dtype).max) if fp8 else 0.0, num_warps=1)
