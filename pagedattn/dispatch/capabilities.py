@@ -12,6 +12,7 @@ import torch
 from pagedattn.dispatch.arch import ArchFacts, fp8_format
 
 OPS = ("paged_decode", "extend_attention", "store_kv", "copy_blocks")
+MATMUL_OPS = ("paged_decode", "extend_attention")  # the ops whose dtype the matrix units see
 
 # Call features a backend may lack. Each is derived from the call's arguments:
 #   sinks (sinks=), soft_cap (logit_cap=), window (sliding_window=), alibi (alibi_slopes=),
@@ -46,6 +47,7 @@ class OpCaps:
     block_sizes: Optional[Tuple[int, ...]]
     max_group: Optional[int]  # largest num_q_heads / num_kv_heads
     features: FrozenSet[str]
+    max_rows: Optional[int] = None  # decode: largest group * q_len (query rows per program)
 
 
 @dataclass(frozen=True)
@@ -69,12 +71,13 @@ TORCH = BackendCaps("torch", "pagedattn.torch_backend", ANYWHERE, {
 })
 
 # triton: the portable default (DESIGN.md): every layout through the shared address function,
-# block sizes 1 (SGLang's token pool) to 256, any GQA group (the group is padded to a tl.dot
-# tile), head dims up to 256 (a 512-wide K tile of 64 tokens is 64 KB in fp16: over budget).
+# block sizes 1 (SGLang's token pool) to 256, head dims up to 256 (a 512-wide K tile of 64
+# tokens is 64 KB in fp16: over budget). Decode holds group * q_len <= 256 query rows in one
+# program (triton_kernels.paged_decode.MAX_ROWS); extend takes groups <= 128.
 TRITON = BackendCaps("triton", "pagedattn.triton_kernels", GPU_OR_INTERPRETER, {
     "paged_decode": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, POW2, None,
-                           ATTN_FEATURES | {"spec_decode"}),
-    "extend_attention": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, POW2, None,
+                           ATTN_FEATURES | {"spec_decode"}, max_rows=256),
+    "extend_attention": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, POW2, 128,
                                ATTN_FEATURES | {"tree_mask", "k_new", "non_causal"}),
     "store_kv": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, POW2, None,
                        frozenset()),
@@ -106,7 +109,8 @@ def _fmt(v) -> str:
 def unsupported(backend: str, op: str, arch: ArchFacts, *, dtype=None, kv_dtype=None,
                 head_dim: Optional[int] = None, block_size: Optional[int] = None,
                 group: Optional[int] = None, layout: Optional[str] = None,
-                features: FrozenSet[str] = frozenset(), interpret: bool = False) -> list:
+                features: FrozenSet[str] = frozenset(), interpret: bool = False,
+                q_len: int = 1) -> list:
     """Reasons the declared table of ``backend`` rules the call out ([] = declared supported).
 
     A fact given as None (unknown, or not meaningful for the op) is not checked.
@@ -124,7 +128,8 @@ def unsupported(backend: str, op: str, arch: ArchFacts, *, dtype=None, kv_dtype=
                    "(targets: gfx90a, gfx942, gfx928/936/938, sm_80/86/89/90)")
     if dtype is not None and oc.dtypes is not None and dtype not in oc.dtypes:
         why.append(f"dtype {_fmt(dtype)} not in {[_fmt(d) for d in oc.dtypes]}")
-    if dtype is not None and caps.where != ANYWHERE and dtype not in arch.dtypes:
+    if dtype is not None and caps.where != ANYWHERE and op in MATMUL_OPS \
+            and dtype not in arch.dtypes:
         why.append(f"dtype {_fmt(dtype)} is not computed correctly on {arch.arch}"
                    + (" (the Triton interpreter's bf16 tl.dot multiplies raw bits)"
                       if not gpu else ""))
@@ -142,8 +147,10 @@ def unsupported(backend: str, op: str, arch: ArchFacts, *, dtype=None, kv_dtype=
     if block_size is not None and oc.block_sizes is not None and block_size not in oc.block_sizes:
         why.append(f"block_size {block_size} not in {list(oc.block_sizes)}")
     if group is not None and oc.max_group is not None and group > oc.max_group:
-        why.append(f"group size {group} > {oc.max_group} (largest REUSE_KV_TIMES "
-                   "specialisation)")
+        why.append(f"group size {group} > {oc.max_group}"
+                   + (" (largest REUSE_KV_TIMES specialisation)" if backend == "hip" else ""))
+    if group is not None and oc.max_rows is not None and group * q_len > oc.max_rows:
+        why.append(f"group * q_len = {group * q_len} query rows > {oc.max_rows}")
     missing = sorted(set(features) - oc.features)
     if missing:
         why.append(f"features {missing} not supported")

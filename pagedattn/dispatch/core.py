@@ -62,10 +62,11 @@ PREFERENCE_SOURCE = "bench/results/backend_ab.csv"
 # §5.2.5): a big group already gives each block 16+ rows of work, so more partitions are
 # needed to fill the device. PAGEDATTN_PARTITION_SIZE / partition_size= override.
 PARTITION_SIZE, PARTITION_SIZE_BIG_GROUP, BIG_GROUP = 512, 256, 15
-# Decode runs one pass when num_seqs * num_kv_heads >= FILL * CUs: the KV-head grid then has a
-# block per CU without splitting the context (DESIGN.md: "v1 vs v2 chosen by whether
-# num_seqs * num_kv_heads fills the device"). Retune from the A/B table.
-FILL = 1
+# Decode runs one pass when num_seqs * num_kv_heads >= FILL * CUs: the KV-head grid alone then
+# gives every CU several blocks (DESIGN.md: "v1 vs v2 chosen by whether num_seqs *
+# num_kv_heads fills the device"); 8 matches triton_kernels.paged_decode._mode. Retune from
+# the A/B table.
+FILL = 8
 # HIP decode template instantiations (HIP.md §4.1-4.2): the smallest REUSE >= group is used.
 REUSE_KV_TIMES = (4, 8, 16, 24, 32, 48, 64)
 
@@ -123,8 +124,8 @@ def _variant(backend, op, f, arch) -> Tuple[str, dict, list]:
         if f["short"]:
             variant, vwhy = "one_pass", f"one pass: the context fits one {part}-token partition"
         elif f["fills"]:
-            variant, vwhy = "one_pass", (f"one pass: num_seqs * num_kv_heads fills the "
-                                         f"{arch.num_cus} CUs")
+            variant, vwhy = "one_pass", (f"one pass: num_seqs * num_kv_heads >= {FILL} x "
+                                         f"{arch.num_cus} CUs fills the device")
         else:
             variant = "split_kv"
             vwhy = ("split-KV: num_seqs * num_kv_heads " + ("unknown" if f["fills"] is None else
@@ -166,7 +167,8 @@ def preference(arch: str, op: str) -> Tuple[str, ...]:
 
 def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[int] = None,
            block_size: Optional[int] = None, group: Optional[int] = None,
-           layout: Optional[str] = None, features=(), num_seqs: Optional[int] = None,
+           layout: Optional[str] = None, features=(), q_len: int = 1,
+           num_seqs: Optional[int] = None,
            num_kv_heads: Optional[int] = None, max_seq_len: Optional[int] = None,
            partition_size: Optional[int] = None, num_cus: Optional[int] = None,
            interpret: bool = False, backend: str = "auto", forced_by: str = "backend=",
@@ -175,6 +177,7 @@ def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[
 
     arch: ``detect_arch()``'s string. dtype: q's dtype; kv_dtype: the cache's (default dtype).
     group: num_q_heads / num_kv_heads. features: names from ``capabilities.FEATURES``.
+    q_len: decode query tokens per sequence (> 1: speculative decoding).
     num_seqs, num_kv_heads, max_seq_len: the decode variant's inputs (None = unknown).
     num_cus: the device's CU/SM count (default: the arch table's). interpret: TRITON_INTERPRET.
     backend: "auto" or a forced backend (``forced_by`` names the override in messages).
@@ -199,14 +202,16 @@ def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[
     fills = None if num_seqs is None or num_kv_heads is None else \
         num_seqs * num_kv_heads >= FILL * cus
     short = None if max_seq_len is None else max_seq_len <= part
+    if q_len > 1:
+        features |= {"spec_decode"}
     return _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, features,
-                   fills, short, partition_size, cus, bool(interpret), backend, forced_by,
+                   int(q_len), fills, short, partition_size, cus, bool(interpret), backend, forced_by,
                    tuple(rejected))
 
 
 @functools.lru_cache(maxsize=4096)
-def _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, features, fills,
-            short, partition_size, cus, interpret, backend, forced_by, rejected) -> Decision:
+def _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, features, q_len,
+            fills, short, partition_size, cus, interpret, backend, forced_by, rejected) -> Decision:
     facts = arch_facts(arch)._replace(num_cus=cus)
     f = dict(group=group, block_size=block_size, features=features, fills=fills, short=short,
              partition_size=partition_size)
@@ -215,7 +220,8 @@ def _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, feat
     def why_not(name):
         return C.unsupported(name, op, facts, dtype=dtype, kv_dtype=kv_dtype, head_dim=head_dim,
                              block_size=block_size, group=group, layout=layout,
-                             features=features, interpret=interpret) + list(late.get(name, ()))
+                             features=features, interpret=interpret, q_len=q_len) \
+            + list(late.get(name, ()))
 
     def decide(name, notes):
         variant, params, vwhy = _variant(name, op, f, facts)
@@ -298,6 +304,7 @@ def call_facts(op: str, *, q=None, k_cache=None, layout=None, geom=None, opts=No
         kv_dtype=k_cache.dtype if k_cache is not None else None,
         head_dim=geom.head_dim if geom else None, block_size=bs, group=group, layout=layout,
         features=frozenset(features),
+        q_len=q.shape[1] if op == "paged_decode" and q is not None and q.dim() == 4 else 1,
         num_seqs=q.shape[0] if op == "paged_decode" and q is not None else None,
         num_kv_heads=geom.num_kv_heads if geom else None,
         max_seq_len=block_table.shape[1] * bs if block_table is not None and bs else None,
