@@ -1,0 +1,315 @@
+"""Backend selection (issue 7, TESTING.md §D9): the pure decision table, overrides, the
+declared-capability tables against the backends, and "declared => really runs"."""
+import importlib
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+import pagedattn as pa
+from pagedattn import dispatch
+from pagedattn.dispatch import arch as A
+from pagedattn.dispatch import capabilities as C
+from pagedattn.dispatch.core import reuse_kv_times, partition_size_for, preference, select
+from attn_utils import (FP8, assert_attn_close, assert_lse_close, dense_attention, dense_get,
+                        dense_kv, make_paged_batch, tol_key)
+
+ARCHS = ["gfx90a", "gfx936", "gfx942", "gfx950", "sm_80", "sm_90", "sm_100", "unknown", "cpu"]
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+HEAD_DIMS = [64, 80, 128, 256, 512]  # 80: not a HIP template; 512: beyond Triton's tiles
+BLOCK_SIZES = [1, 16, 64]  # 1: SGLang token pool (no HIP delta addressing)
+GROUPS = [1, 4, 16, 48, 96]  # 16 vs 15: partition rule; 96: past the largest REUSE (64)
+ATTN_OPS = ["paged_decode", "extend_attention"]
+
+
+@pytest.fixture(autouse=True)
+def _clean_dispatch(monkeypatch):
+    """Every test starts with empty decision/arch caches and no override in the environment."""
+    for var in ("PAGEDATTN_BACKEND", "PAGEDATTN_PARTITION_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    dispatch.cache_clear()
+    yield
+    dispatch.cache_clear()
+
+
+def _sel(op, arch, **kw):
+    kw.setdefault("layout", "bhsd")
+    kw.setdefault("interpret", True)  # cpu: the interpreter is on, as in the CPU test tier
+    return select(op, arch, **kw)
+
+
+# ----------------------------------------------------------------------------------------------
+# arch detection and facts
+# ----------------------------------------------------------------------------------------------
+
+def test_arch_strings():
+    assert A.parse_gcn_arch("gfx936:sramecc+:xnack-") == "gfx936"
+    assert A.parse_gcn_arch("gfx942") == "gfx942"
+    assert A.cuda_arch(9, 0) == "sm_90" and A.cuda_arch(10, 0) == "sm_100"
+
+
+@pytest.mark.parametrize("props,hip,expected", [
+    (types.SimpleNamespace(gcnArchName="gfx936:sramecc+:xnack-", major=9, minor=3,
+                           multi_processor_count=88), "6.2", "gfx936"),
+    (types.SimpleNamespace(major=9, minor=0, multi_processor_count=132), None, "sm_90"),
+], ids=["dtk-gfx936", "cuda-h200"])
+def test_detect_arch_once_per_device(monkeypatch, props, hip, expected):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: calls.append(i) or props)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    assert dispatch.detect_arch(0) == expected
+    assert dispatch.detect_arch(torch.device("cuda", 0)) == expected
+    assert calls == [0]  # read once, then cached
+    assert dispatch.device_facts(0).num_cus == props.multi_processor_count
+    assert dispatch.detect_arch(-1) == "cpu" and dispatch.detect_arch("cpu") == "cpu"
+
+
+def test_arch_facts_table():
+    f = dispatch.arch_facts
+    assert f("gfx936").fp8 == ("e5m2",)  # Bowen gfx936: e5m2 only
+    assert "e4m3" in f("gfx938").fp8 and "e4m3" in f("gfx942").fp8
+    assert f("gfx936").matrix_unit == "MMAC" and f("gfx942").matrix_unit == "MFMA"
+    assert f("sm_80").matrix_unit == "MMA" and f("sm_90").matrix_unit == "WGMMA"
+    assert {f(a).wave_size for a in ("gfx90a", "gfx936", "gfx950")} == {64}
+    assert f("sm_90").wave_size == 32
+    assert f("gfx1100").vendor == "amd" and not f("gfx1100").hip_built and f("gfx1100").fp8 == ()
+    assert f("gfx948").vendor == "hygon"
+    with pytest.raises(TypeError, match="arch"):
+        f(90)
+
+
+# ----------------------------------------------------------------------------------------------
+# the pure decision: table-driven grid
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_grid_hip_only_where_declared_else_triton(arch, dtype):
+    facts = dispatch.arch_facts(arch)
+    for op in ATTN_OPS:
+        order = preference(arch, op)
+        for d in HEAD_DIMS:
+            for bs in BLOCK_SIZES:
+                for g in GROUPS:
+                    call = dict(dtype=dtype, head_dim=d, block_size=bs, group=g, layout="bhsd")
+                    dec = _sel(op, arch, **call)
+                    hip_why = C.unsupported("hip", op, facts, interpret=True, **call)
+                    tri_why = C.unsupported("triton", op, facts, interpret=True, **call)
+                    where = f"{op} {arch} {dtype} D={d} bs={bs} g={g}: {dec.reasons}"
+                    if dec.backend == "hip":
+                        assert not hip_why and facts.hip_built, where
+                    if not hip_why and order.index("hip") < order.index("triton"):
+                        assert dec.backend == "hip", where
+                    elif not tri_why:
+                        assert dec.backend == "triton", where
+                        if order[0] == "hip":  # skipped, and says why
+                            assert any(r.startswith("hip skipped: ") and len(r) > 14
+                                       for r in dec.reasons), where
+                    else:
+                        assert dec.backend == "torch", where
+                        assert any(r.startswith("triton skipped: ") for r in dec.reasons), where
+                    assert dec.reasons and dec.arch == arch
+
+
+# Explicit rows: (op, arch, dtype, kv_dtype, head_dim, block, group, expected, reason fragment)
+E4M3, E5M2, F16, BF16, F32 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float16,
+                              torch.bfloat16, torch.float32)
+CASES = [
+    ("paged_decode", "gfx936", F16, F16, 128, 16, 8, "hip", "first backend"),
+    ("paged_decode", "gfx936", F16, F16, 80, 16, 8, "triton", "head_dim 80"),
+    ("paged_decode", "gfx936", F32, F32, 128, 16, 8, "triton", "dtype float32"),
+    ("paged_decode", "gfx936", F16, E5M2, 128, 16, 8, "hip", "first backend"),
+    ("paged_decode", "gfx936", F16, E4M3, 128, 16, 8, "torch", "reads fp8 as ['e5m2']"),
+    ("paged_decode", "gfx942", BF16, E4M3, 128, 16, 8, "hip", "first backend"),
+    ("paged_decode", "gfx942", BF16, BF16, 128, 1, 8, "triton", "block_size 1"),
+    ("paged_decode", "gfx942", BF16, BF16, 128, 16, 96, "triton", "group size 96"),
+    ("paged_decode", "gfx950", BF16, BF16, 128, 16, 8, "triton", "not built for gfx950"),
+    ("paged_decode", "sm_80", BF16, E4M3, 128, 16, 8, "torch", "reads fp8 as ['e5m2']"),
+    ("paged_decode", "sm_90", BF16, BF16, 128, 16, 8, "hip", "first backend"),
+    ("extend_attention", "sm_90", BF16, BF16, 128, 16, 8, "triton", "first backend"),
+    ("extend_attention", "gfx942", BF16, BF16, 128, 16, 8, "hip", "first backend"),
+    ("paged_decode", "sm_100", BF16, BF16, 128, 16, 8, "triton", "not built for sm_100"),
+    ("paged_decode", "sm_90", BF16, BF16, 512, 16, 8, "torch", "head_dim 512"),
+    ("paged_decode", "unknown", F16, F16, 128, 16, 8, "triton", "first backend"),
+    ("paged_decode", "unknown", F16, E5M2, 128, 16, 8, "torch", "reads fp8 as none"),
+    ("paged_decode", "cpu", F16, F16, 128, 16, 8, "triton", "first backend"),
+    ("paged_decode", "cpu", BF16, BF16, 128, 16, 8, "torch", "raw bits"),
+]
+
+
+@pytest.mark.parametrize("op,arch,dtype,kv,d,bs,g,expected,why", CASES,
+                         ids=[f"{c[0][:6]}-{c[1]}-{str(c[3])[6:]}-D{c[4]}-bs{c[5]}-g{c[6]}"
+                              for c in CASES])
+def test_decision_table(op, arch, dtype, kv, d, bs, g, expected, why):
+    dec = _sel(op, arch, dtype=dtype, kv_dtype=kv, head_dim=d, block_size=bs, group=g)
+    assert dec.backend == expected, dec.describe()
+    assert any(why in r for r in dec.reasons), dec.describe()
+
+
+def test_cpu_without_interpreter_is_torch():
+    dec = _sel("paged_decode", "cpu", dtype=F16, head_dim=64, block_size=16, group=1,
+               interpret=False)
+    assert dec.backend == "torch"
+    assert any("TRITON_INTERPRET is not set" in r for r in dec.reasons)
+
+
+def test_features_and_layouts_route_away_from_hip():
+    base = dict(dtype=BF16, head_dim=128, block_size=16, group=4)
+    assert _sel("paged_decode", "gfx942", features={"sinks"}, **base).backend == "triton"
+    assert _sel("paged_decode", "gfx942", features={"window", "lse"}, **base).backend == "hip"
+    assert _sel("paged_decode", "gfx942", q_len=4, **base).backend == "triton"
+    assert _sel("extend_attention", "gfx942", features={"tree_mask"}, **base).backend == "triton"
+    assert _sel("paged_decode", "gfx942", **{**base, "layout": "vllm"}).backend == "triton"
+    assert _sel("store_kv", "gfx942", dtype=BF16, head_dim=128, block_size=16).backend == "triton"
+    with pytest.raises(ValueError, match="features"):
+        _sel("paged_decode", "gfx942", features={"flash"}, **base)
+
+
+# ----------------------------------------------------------------------------------------------
+# shape rules
+# ----------------------------------------------------------------------------------------------
+
+def test_partition_size_rule():
+    assert partition_size_for(15, 16)[0] == 512  # group <= 15: 512
+    assert partition_size_for(16, 16)[0] == 256  # group > 15: 256
+    assert partition_size_for(4, 16, override=128)[0] == 128
+    assert partition_size_for(4, 1024)[0] == 1024  # a multiple of the block size
+
+
+@pytest.mark.parametrize("group,expected", [(1, (4, 1)), (4, (4, 1)), (5, (8, 1)),
+                                            (17, (24, 1)), (33, (48, 1)), (64, (64, 1)),
+                                            (100, (64, 2))])
+def test_reuse_kv_times_rounds_up(group, expected):
+    assert reuse_kv_times(group) == expected
+
+
+def test_one_pass_vs_split_kv():
+    base = dict(dtype=BF16, head_dim=128, block_size=16, group=4)
+    cus = dispatch.arch_facts("gfx942").num_cus
+    few = _sel("paged_decode", "gfx942", num_seqs=2, num_kv_heads=8, **base)
+    assert few.variant == "split_kv" and few.params["partition_size"] == 512
+    assert few.params["reuse_kv_times"] == 4
+    many = _sel("paged_decode", "gfx942", num_seqs=cus, num_kv_heads=8, **base)
+    assert many.variant == "one_pass" and "partition_size" not in many.params
+    short = _sel("paged_decode", "gfx942", num_seqs=1, num_kv_heads=8, max_seq_len=300, **base)
+    assert short.variant == "one_pass"
+    big = _sel("paged_decode", "sm_90", num_seqs=1, num_kv_heads=1, partition_size=128,
+               **{**base, "group": 16})
+    assert big.params["partition_size"] == 128
+    assert _sel("paged_decode", "sm_90", **{**base, "group": 16}).params["partition_size"] == 256
+
+
+def test_decisions_are_cached_per_shape_class():
+    base = dict(dtype=BF16, head_dim=128, block_size=16, group=4, num_kv_heads=8)
+    a = _sel("paged_decode", "gfx942", num_seqs=2, **base)
+    b = _sel("paged_decode", "gfx942", num_seqs=3, **base)  # same class: does not fill
+    assert a is b
+    assert _sel("paged_decode", "gfx942", num_seqs=4096, **base) is not a
+
+
+# ----------------------------------------------------------------------------------------------
+# resolve: overrides, runtime supports(), no host sync
+# ----------------------------------------------------------------------------------------------
+
+def _decode_args(dtype=torch.float32, d=64, hq=4, hkv=2, bs=16, layout="bhsd"):
+    k, v = pa.make_kv_cache(6, bs, hkv, d, layout=layout, dtype=dtype)
+    k.normal_(), v.normal_()
+    q = torch.randn(2, hq, d, dtype=dtype)
+    table = torch.tensor([[3, 1], [5, 2]], dtype=torch.int32)
+    return q, k, v, table, torch.tensor([20, 7], dtype=torch.int32)
+
+
+def test_env_and_per_call_overrides(monkeypatch):
+    args = _decode_args()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert dispatch.explain("paged_decode", *args, quiet=True).backend == "torch"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("PAGEDATTN_BACKEND", "torch")
+    d = dispatch.explain("paged_decode", *args, quiet=True)
+    assert d.backend == "torch" and "PAGEDATTN_BACKEND=torch" in d.reasons[0]
+    d = dispatch.explain("paged_decode", *args, backend="triton", quiet=True)  # call beats env
+    assert d.backend == "triton" or pytest.skip(f"triton decode unavailable: {d.reasons}")
+    monkeypatch.setenv("PAGEDATTN_BACKEND", "cuda")
+    with pytest.raises(ValueError, match="PAGEDATTN_BACKEND"):
+        pa.paged_decode(*args)
+    monkeypatch.delenv("PAGEDATTN_BACKEND")
+    with pytest.raises(ValueError, match="backend"):
+        pa.paged_decode(*args, backend="cuda")
+
+
+@pytest.mark.parametrize("how", ["call", "env"])
+def test_forced_unsupported_backend_raises_with_reasons(monkeypatch, how):
+    args = _decode_args()
+    kw = {"backend": "hip"}
+    if how == "env":
+        monkeypatch.setenv("PAGEDATTN_BACKEND", "hip")
+        kw = {}
+    with pytest.raises(ValueError, match=r"'hip'.*cannot serve paged_decode.*not built"):
+        pa.paged_decode(*args, **kw)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.delenv("PAGEDATTN_BACKEND", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET is not set"):
+        pa.paged_decode(*args, backend="triton")
+    with pytest.raises(ValueError, match=r"head_dim 80 not in \[64, 128, 192, 256\]"):
+        select("paged_decode", "gfx942", dtype=F16, head_dim=80, block_size=16, group=2,
+               backend="hip")
+
+
+def test_backend_supports_has_final_word(monkeypatch):
+    """A declared-supported backend whose module refuses is skipped (auto) or raises (forced)."""
+    tk = importlib.import_module("pagedattn.triton_kernels")
+    monkeypatch.setattr(tk, "supports", lambda op, **f: ["kernel says no"])
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    args = _decode_args(torch.float16)
+    d = dispatch.explain("paged_decode", *args, quiet=True)
+    assert d.backend == "torch"
+    assert any("triton skipped: kernel says no" in r for r in d.reasons), d.reasons
+    with pytest.raises(ValueError, match="kernel says no"):
+        pa.paged_decode(*args, backend="triton")
+
+
+@pytest.mark.parametrize("interp", ["0", "1"])
+def test_resolve_reads_no_device_data(monkeypatch, interp):
+    """No .item()/.cpu()/bool() on tensors in resolve: CUDA-graph capturable."""
+    monkeypatch.setenv("TRITON_INTERPRET", interp)
+    q, k, v, table, lens = _decode_args(torch.float16)
+    g = pa.layouts.cache_geometry(k, "bhsd")
+    opts = pa.validation.attn_options(q=q, g=g, kv_dtype=k.dtype, scale=None, k_scale=None,
+                                      v_scale=None, sliding_window=None, logit_cap=None,
+                                      alibi_slopes=None, sinks=None)
+
+    def boom(*a, **kw):
+        raise AssertionError("host sync in resolve")
+
+    for name in ("item", "cpu", "tolist", "numpy", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, boom)
+    for _ in range(2):
+        name, mod = dispatch.resolve("paged_decode", "auto", q=q, k_cache=k, layout="bhsd",
+                                     geom=g, opts=opts)
+    assert name in dispatch.BACKENDS and hasattr(mod, "paged_decode")
+
+
+def test_explain_prints_and_returns(capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    d = dispatch.explain("paged_decode", *_decode_args(), layout="bhsd", return_lse=True)
+    out = capsys.readouterr().out
+    assert isinstance(d, dispatch.Decision) and d.backend == "torch"
+    assert out.startswith("paged_decode -> torch") and "triton skipped" in out
+    with pytest.raises(TypeError, match="paged_decode"):
+        dispatch.explain("paged_decode", torch.zeros(1), bogus=1)
+    with pytest.raises(ValueError, match="op"):
+        dispatch.explain("decode")
+
+
+def test_module_cli_runs_on_cpu():
+    env = {k: v for k, v in os.environ.items() if k not in ("PAGEDATTN_BACKEND",)}
+    env["TRITON_INTERPRET"] = "0"
+    r = subprocess.run([sys.executable, "-m", "pagedattn.dispatch", "--all-archs"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "arch " + dispatch.detect_arch() in r.stdout and "decode, 1 seq" in r.stdout
+    assert "extend, tree mask" in r.stdout and "gfx936   -> hip" in r.stdout
