@@ -88,7 +88,7 @@ def _step(acc, m_i, l_i, q, k, v, visible, bias_pos, scale2, cap_in, cap_out, sl
 
 @triton.jit
 def _stage(acc, m_i, l_i, q, lo, hi, n_keys, key_base, row_tok, row_pos, row_ok, slope2, scale2,
-           cap_in, cap_out, window, kvh, q0, mask_row,
+           cap_in, cap_out, inv_vs, window, kvh, q0, mask_row,
            bt_row, kc_ptr, vc_ptr, kn_ptr, vn_ptr, mask_ptr,
            stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64, stride_kdh: tl.int64,
            stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64, stride_vdh: tl.int64,
@@ -118,6 +118,8 @@ def _stage(acc, m_i, l_i, q, lo, hi, n_keys, key_base, row_tok, row_pos, row_ok,
             v_off = row[:, None] * stride_nt + kvh * stride_nh + d[None, :]  # [N, D_P]
             k = _load(kn_ptr + k_off, r_ok[None, :] & d_ok[:, None], MASKED, PAD_D, d_ok[:, None])
             v = _load(vn_ptr + v_off, r_ok[:, None] & d_ok[None, :], MASKED, PAD_D, d_ok[None, :])
+            if KV_FP8:  # k_new/v_new are not quantised: undo the v_scale the epilogue applies
+                v = (v.to(tl.float32) * inv_vs).to(q.dtype)
         else:
             if ONE_PAGE:  # stage 1, page >= tile: the tile lies in one page, one table entry
                 blk = tl.load(bt_row + (key_base + start) // PAGE).to(tl.int64)  # scalar
@@ -211,11 +213,21 @@ def _extend_fwd(
     q_off = (q0 + row_tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
     q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D_P]
 
-    qk_scale = sm_scale
-    if KV_FP8:  # per KV head = per program: k_scale joins the logit scale
-        qk_scale = qk_scale * tl.load(kscale_ptr + kvh)
+    # fp8: per KV head = per program, k_scale joins the logit scale and v_scale the output.
+    # k_new/v_new rows (stage 2 with FROM_NEW) are unquantised: plain scale, V divided back.
+    k_sc = 1.0
+    inv_vs = 1.0
+    if KV_FP8:
+        k_sc = tl.load(kscale_ptr + kvh)
+        inv_vs = 1.0 / tl.load(vscale_ptr + kvh)
+    qk_scale = sm_scale * k_sc
     scale2 = qk_scale * 1.4426950408889634
     cap_in = qk_scale / logit_cap
+    scale2_n = scale2
+    cap_in_n = cap_in
+    if NEW_FROM_CACHE == 0:
+        scale2_n = sm_scale * 1.4426950408889634
+        cap_in_n = sm_scale / logit_cap
     cap_out = logit_cap * 1.4426950408889634
     slope2 = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_ALIBI:
@@ -244,14 +256,14 @@ def _extend_fwd(
         full1 = lo1
     acc, m_i, l_i = _stage(
         acc, m_i, l_i, q, lo1, full1, prefix, 0, row_tok, row_pos, row_ok, slope2, scale2,
-        cap_in, cap_out, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr, vn_ptr,
+        cap_in, cap_out, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr, vn_ptr,
         mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb, stride_vt, stride_vh,
         stride_vdh, stride_nt, stride_nh, lk, K_LO, KX, V_LO, VX, PAGE, BLOCK_N, HEAD_DIM,
         HEAD_DIM_P, False, True, False, False, HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
     acc, m_i, l_i = _stage(
         acc, m_i, l_i, q, tl.maximum(full1, lo1), prefix, prefix, 0, row_tok, row_pos, row_ok,
-        slope2, scale2, cap_in, cap_out, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr,
-        kn_ptr, vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb,
+        slope2, scale2, cap_in, cap_out, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr,
+        vc_ptr, kn_ptr, vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb,
         stride_vt, stride_vh, stride_vdh, stride_nt, stride_nh, lk, K_LO, KX, V_LO, VX, PAGE,
         BLOCK_N, HEAD_DIM, HEAD_DIM_P, True, True, False, False, HAS_WINDOW, HAS_MASK, HAS_CAP,
         HAS_ALIBI, KV_FP8, IEEE)
@@ -270,16 +282,16 @@ def _extend_fwd(
     if ANY_MASK:
         full2 = lo2
     acc, m_i, l_i = _stage(
-        acc, m_i, l_i, q, lo2, full2, lq, prefix, row_tok, row_pos, row_ok, slope2, scale2,
-        cap_in, cap_out, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr, vn_ptr,
+        acc, m_i, l_i, q, lo2, full2, lq, prefix, row_tok, row_pos, row_ok, slope2, scale2_n,
+        cap_in_n, cap_out, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr, vn_ptr,
         mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb, stride_vt, stride_vh,
         stride_vdh, stride_nt, stride_nh, lk, K_LO, KX, V_LO, VX, PAGE, BLOCK_N, HEAD_DIM,
         HEAD_DIM_P, False, False, FROM_NEW, TRI, HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI,
         KV_FP8, IEEE)
     acc, m_i, l_i = _stage(
         acc, m_i, l_i, q, tl.maximum(full2, lo2), hi2, lq, prefix, row_tok, row_pos, row_ok,
-        slope2, scale2, cap_in, cap_out, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr,
-        kn_ptr, vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb,
+        slope2, scale2_n, cap_in_n, cap_out, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr,
+        vc_ptr, kn_ptr, vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb,
         stride_vt, stride_vh, stride_vdh, stride_nt, stride_nh, lk, K_LO, KX, V_LO, VX, PAGE,
         BLOCK_N, HEAD_DIM, HEAD_DIM_P, True, False, FROM_NEW, TRI, HAS_WINDOW, HAS_MASK,
         HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
