@@ -1,0 +1,273 @@
+"""Triton paged decode vs the independent float64 oracle (TESTING.md §C, §D1-D5).
+
+CPU: the kernels run under TRITON_INTERPRET=1 (slow), so each test is a few tiny, chosen launches.
+Both launch shapes (one-pass and split-KV + combine) are forced through
+``paged_decode.FORCE_MODE``. Real sizes, bf16 and the int32-overflow case are `gpu` tests.
+"""
+import random
+
+import pytest
+import torch
+
+import pagedattn as pa
+from pagedattn.triton_kernels import paged_decode as PD
+from attn_utils import (FP8, assert_attn_close, assert_lse_close, dense_attention, dense_kv,
+                        make_paged_batch, tol_key)
+
+HAS_GPU = torch.cuda.is_available()
+LAYOUTS = ["bhsd", "bshd", "vllm", "hcu"]
+HEADS = [(4, 4), (8, 2), (5, 1)]  # MHA, GQA 4, MQA with an odd group (rows padded to 16)
+# q dtype, kv dtype: fp16, fp32 and fp8 (e4m3 / e5m2, scales 0.37 / 3.1) run on the CPU;
+# bf16 only on a GPU (the interpreter's bf16 tl.dot multiplies raw bits).
+DTYPES = [(torch.float16, torch.float16), (torch.float32, torch.float32),
+          (torch.float16, torch.float8_e4m3fn), (torch.float32, torch.float8_e5m2)]
+MODES = ["split", "one_pass"]
+
+
+@pytest.fixture
+def mode_guard():
+    yield
+    PD.FORCE_MODE = None
+
+
+def _decode(b, q, *, mode, **kw):
+    PD.FORCE_MODE = mode
+    try:
+        return pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens,
+                               layout=b.layout, k_scale=b.k_scale, v_scale=b.v_scale,
+                               backend="triton", **kw)
+    finally:
+        PD.FORCE_MODE = None
+
+
+def _check(b, q, out, lse, lens, q_len, key, **o):
+    """Every sequence against dense_attention on its gathered, dequantised K/V."""
+    q4 = q if q.dim() == 4 else q.unsqueeze(1)
+    out4 = out if out.dim() == 4 else out.unsqueeze(1)
+    lse4 = None if lse is None else (lse if lse.dim() == 3 else lse.unsqueeze(1))
+    d = q.shape[-1]
+    for i, n in enumerate(lens):
+        if n == 0:  # D4: empty row -> out 0 exactly, lse -inf
+            assert torch.all(out4[i] == 0), "empty sequence: output not zero"
+            if lse4 is not None:
+                assert torch.all(torch.isneginf(lse4[i]))
+            continue
+        k, v = dense_kv(b, i, n)
+        ro, rl = dense_attention(q4[i].cpu(), k.cpu(), v.cpu(), range(n - q_len, n),
+                                 scale=d ** -0.5, window=o.get("sliding_window"),
+                                 cap=o.get("logit_cap"), alibi=o.get("alibi_slopes"),
+                                 sinks=o.get("sinks"))
+        assert_attn_close(out4[i], ro, key, what=f"out[seq {i}, len {n}]",
+                          magnitude_guard=key != "fp8")
+        if lse4 is not None:
+            assert_lse_close(lse4[i], rl, key)
+
+
+def _opts(rng, hq, device):
+    kind = rng.choice(["plain", "window", "cap", "alibi", "sinks", "all"])
+    o = {}
+    if kind in ("window", "all"):
+        o["sliding_window"] = rng.choice([1, 5, 17])
+    if kind in ("cap", "all"):
+        o["logit_cap"] = rng.choice([0.5, 5.0])
+    if kind in ("alibi", "all"):
+        o["alibi_slopes"] = (torch.rand(hq) * 0.5).to(device)
+    if kind in ("sinks", "all"):
+        o["sinks"] = (torch.randn(hq) * 2).to(device)
+    return o
+
+
+# ----------------------------------------------------------------------------------------------
+# randomized differential cases (D2): 20 + 5 launches on the CPU
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("seed", range(5))
+def test_decode_random(layout, seed, device, mode_guard):
+    rng = random.Random(1000 * seed + LAYOUTS.index(layout))
+    gen = torch.Generator().manual_seed(seed)
+    qd, kvd = DTYPES[(seed + LAYOUTS.index(layout)) % len(DTYPES)]
+    hq, hkv = HEADS[(seed + 2 * LAYOUTS.index(layout)) % len(HEADS)]
+    bs = [1, 4, 16][seed % 3]
+    d = 80 if seed in (1, 3) else 64  # 80: padded, masked head-dim lanes
+    q_len = 3 if seed in (2, 4) else 1  # speculative decode: shifted causal mask
+    # seq_len 1, exact multiples of bs, k*bs+1, 0 (empty), and a random one
+    lens = [1, 2 * bs, 3 * bs + 1, rng.randint(1, 70), 0]
+    if q_len > 1:
+        lens = [max(n, q_len) for n in lens]
+    b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
+                         dtype=kvd, device=device, gen=gen, exact_capacity=seed != 1)
+    shape = (len(lens), hq, d) if q_len == 1 else (len(lens), q_len, hq, d)
+    q = torch.randn(shape, generator=gen).to(device=device, dtype=qd)
+    o = _opts(rng, hq, device)
+    mode = MODES[seed % 2]
+    part = rng.choice([16, 32, None])
+    out, lse = _decode(b, q, mode=mode, partition_size=part, return_lse=True, **o)
+    assert out.shape == q.shape and lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+    _check(b, q, out, lse, lens, q_len, tol_key(qd, kvd), **o)
+
+
+@pytest.mark.parametrize("kind", ["window", "cap", "alibi", "sinks", "all"])
+def test_decode_options(kind, device, mode_guard):
+    """Each logit option once in fp32 (tight tolerance), split launch, q_len 2."""
+    gen = torch.Generator().manual_seed(21)
+    lens = [2, 37, 64]
+    b = make_paged_batch(lens, num_kv_heads=2, head_dim=64, block_size=8, layout="bhsd",
+                         dtype=torch.float32, device=device, gen=gen)
+    q = torch.randn(3, 2, 4, 64, generator=gen).to(device)
+    o = {}
+    if kind in ("window", "all"):
+        o["sliding_window"] = 19
+    if kind in ("cap", "all"):
+        o["logit_cap"] = 0.7
+    if kind in ("alibi", "all"):
+        o["alibi_slopes"] = torch.rand(4, generator=gen).to(device)
+    if kind in ("sinks", "all"):
+        o["sinks"] = (torch.randn(4, generator=gen) * 2).to(device)
+    out, lse = _decode(b, q, mode="split" if kind != "all" else "one_pass", partition_size=16,
+                       return_lse=True, **o)
+    _check(b, q, out, lse, lens, 2, torch.float32, **o)
+
+
+def test_extreme_logits_flashinfer_4450(device, mode_guard):
+    """FlashInfer #4450: q = 64, k = -64 gives logits ~ -3e4 (finite sentinels lost them)."""
+    gen = torch.Generator().manual_seed(3)
+    lens = [40, 7]
+    b = make_paged_batch(lens, num_kv_heads=2, head_dim=64, block_size=4, layout="bshd",
+                         dtype=torch.float32, device=device, gen=gen)
+    b.k_cache[~torch.isnan(b.k_cache)] = -64.0
+    q = torch.full((2, 4, 64), 64.0, device=device)
+    for mode in MODES:
+        out, lse = _decode(b, q, mode=mode, partition_size=16, return_lse=True)
+        assert float(lse.max()) < -2e4
+        _check(b, q, out, lse, lens, 1, torch.float32)
+
+
+def test_split_count_invariance(device, mode_guard):
+    """Partition sizes 16/32/64 agree within tol; a fixed size is bitwise reproducible."""
+    gen = torch.Generator().manual_seed(5)
+    lens = [70, 33, 5]
+    b = make_paged_batch(lens, num_kv_heads=2, head_dim=64, block_size=4, layout="hcu",
+                         dtype=torch.float16, device=device, gen=gen)
+    q = torch.randn(3, 8, 64, generator=gen).to(device=device, dtype=torch.float16)
+    outs = {ps: _decode(b, q, mode="split", partition_size=ps) for ps in (16, 32, 64)}
+    for ps, out in outs.items():
+        assert_attn_close(out, outs[64], torch.float16, what=f"partition {ps} vs 64")
+    again = _decode(b, q, mode="split", partition_size=16)
+    assert torch.equal(again, outs[16]), "two runs with a fixed partition size differ"
+    _check(b, q, outs[16], None, lens, 1, torch.float16)
+
+
+def test_batch_invariance_and_empty_partitions(device, mode_guard):
+    """Sequence i alone (split launch) == inside the batch (one-pass launch), bitwise.
+
+    Lengths differ widely, so most (sequence, partition) programs of the split grid have no
+    key: they must be neutral (TESTING §C split-K LSE overwrite). A window makes leading
+    partitions of the long sequence empty too.
+    """
+    gen = torch.Generator().manual_seed(11)
+    lens = [3, 90, 0, 17]
+    b = make_paged_batch(lens, num_kv_heads=1, head_dim=64, block_size=16, layout="bshd",
+                         dtype=torch.float16, device=device, gen=gen, exact_capacity=False)
+    q = torch.randn(4, 5, 64, generator=gen).to(device=device, dtype=torch.float16)
+    o = dict(sliding_window=20, sinks=torch.randn(5, device=device))
+    full, lse = _decode(b, q, mode="one_pass", partition_size=16, return_lse=True, **o)
+    _check(b, q, full, lse, lens, 1, torch.float16, **o)
+    for i in (1, 3):
+        PD.FORCE_MODE = "split"
+        alone, lse_i = pa.paged_decode(q[i:i + 1], b.k_cache, b.v_cache, b.block_table[i:i + 1],
+                                       b.seq_lens[i:i + 1], layout="bshd", backend="triton",
+                                       partition_size=16, return_lse=True, **o)
+        PD.FORCE_MODE = None
+        assert torch.equal(alone[0], full[i]), f"sequence {i}: alone vs batch differ"
+        assert torch.equal(lse_i[0], lse[i])
+
+
+def test_out_buffer_fused_qkv_noncontiguous_cache(device, mode_guard):
+    """out= is written in place; q is a strided slice of a fused qkv tensor; the cache is a
+    non-contiguous view (make_paged_batch(contiguous=False))."""
+    gen = torch.Generator().manual_seed(13)
+    hq, hkv, d = 8, 2, 64
+    lens = [21, 1, 48]
+    b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=4, layout="vllm",
+                         dtype=torch.float16, device=device, gen=gen, contiguous=False)
+    assert not b.k_cache.is_contiguous()
+    qkv = torch.randn(3, (hq + 2 * hkv) * d, generator=gen).to(device=device,
+                                                                 dtype=torch.float16)
+    q = qkv[:, : hq * d].view(3, hq, d)
+    assert q.stride(0) == (hq + 2 * hkv) * d
+    out = torch.full((3, hq, d), float("nan"), device=device, dtype=torch.float16)
+    res = _decode(b, q, mode="split", partition_size=16, out=out)
+    assert res.data_ptr() == out.data_ptr()
+    _check(b, q, out, None, lens, 1, torch.float16)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="bf16: the Triton interpreter's bf16 tl.dot multiplies "
+                    "raw bit patterns (triton #4972); runs on a GPU")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bf16(layout, device, mode_guard):
+    gen = torch.Generator().manual_seed(17)
+    lens = [3, 16, 33, 700]
+    b = make_paged_batch(lens, num_kv_heads=2, head_dim=128, block_size=16, layout=layout,
+                         dtype=torch.bfloat16, device=device, gen=gen)
+    q = torch.randn(4, 3, 16, 128, generator=gen).to(device=device, dtype=torch.bfloat16)
+    for mode in MODES:
+        out, lse = _decode(b, q, mode=mode, return_lse=True, logit_cap=30.0)
+        _check(b, q, out, lse, lens, 3, torch.bfloat16, logit_cap=30.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU tier: real sizes, random grid, int32 overflow (D5)
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(24))
+def test_gpu_random_grid(seed, device, mode_guard):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    layout = LAYOUTS[seed % 4]
+    qd, kvd = rng.choice([(torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),
+                          (torch.bfloat16, torch.float8_e4m3fn),
+                          (torch.float16, torch.float8_e5m2)])
+    hq, hkv = rng.choice([(1, 1), (4, 4), (8, 2), (5, 1), (32, 8), (64, 8), (16, 1)])
+    d = rng.choice([64, 96, 128, 256]) if layout != "vllm" else rng.choice([64, 128, 256])
+    bs = rng.choice([1, 8, 16, 32, 64])
+    lens = [rng.choice([1, bs, 4 * bs, 4 * bs + 1, rng.randint(1, 2048),
+                        rng.randint(4096, 9000)]) for _ in range(rng.randint(1, 6))]
+    q_len = rng.choice([1, 1, 2])
+    lens = [max(n, q_len) for n in lens]
+    b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
+                         dtype=kvd, device=device, gen=gen, exact_capacity=rng.random() < 0.5)
+    shape = (len(lens), hq, d) if q_len == 1 else (len(lens), q_len, hq, d)
+    q = torch.randn(shape, generator=gen).to(device=device, dtype=qd)
+    o = _opts(rng, hq, device)
+    for mode in MODES:
+        out, lse = _decode(b, q, mode=mode, partition_size=rng.choice([None, 64, 256]),
+                           return_lse=True, **o)
+        _check(b, q, out, lse, lens, q_len, tol_key(qd, kvd), **o)
+
+
+@pytest.mark.gpu
+def test_gpu_int32_overflow(device, mode_guard):
+    """D5 / vLLM #47671: the last block's element offset exceeds 2^31; pages = the top ids."""
+    bs, hkv, d = 16, 8, 128
+    num_blocks = 140_000
+    k_cache = torch.zeros((num_blocks, hkv, bs, d), dtype=torch.float16, device=device)
+    v_cache = torch.zeros_like(k_cache)
+    assert (num_blocks - 1) * k_cache.stride(0) > 2 ** 31  # the point of the test
+    n = 64 * bs
+    table = torch.arange(num_blocks - 64, num_blocks, dtype=torch.int32, device=device)[None]
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(64, hkv, bs, d, generator=gen).half().to(device)
+    v = torch.randn(64, hkv, bs, d, generator=gen).half().to(device)
+    k_cache[num_blocks - 64:] = k
+    v_cache[num_blocks - 64:] = v
+    q = torch.randn(1, 32, d, generator=gen).half().to(device)
+    lens = torch.tensor([n], dtype=torch.int32, device=device)
+    kd = k.permute(0, 2, 1, 3).reshape(n, hkv, d)
+    vd = v.permute(0, 2, 1, 3).reshape(n, hkv, d)
+    ro, _ = dense_attention(q[0].cpu(), kd.cpu(), vd.cpu(), [n - 1], scale=d ** -0.5)
+    for mode in MODES:
+        PD.FORCE_MODE = mode
+        out = pa.paged_decode(q, k_cache, v_cache, table, lens, backend="triton")
+        assert_attn_close(out[0], ro, torch.float16)
