@@ -22,23 +22,12 @@ import triton.language as tl
 from pagedattn import layouts as L
 from pagedattn.reference import is_fp8
 from pagedattn.triton_kernels import _extend_configs as C
-
-
+from pagedattn.triton_kernels._common import (LN2, LOG2E, alibi_bias, finalize_state, kv_offset,
+                                              online_softmax_step, soft_cap, visible)
 
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-
-@triton.jit
-def _kv_addr(blk, tok, head, d, s_block: tl.int64, s_token: tl.int64, s_head: tl.int64,
-             s_dim_hi: tl.int64, DIM_LO: tl.constexpr, X: tl.constexpr):
-    """layouts.element_offset: blk*s.block + t*s.token + h*s.head + (d//x)*s.dim_hi + (d%x)*s.dim_lo.
-
-    DIM_LO is constexpr (1 for every validated K cache, block_size for vllm/hcu V) so that Triton
-    sees the unit stride and vectorises the loads.
-    """
-    return blk * s_block + tok * s_token + head * s_head + (d // X) * s_dim_hi + (d % X) * DIM_LO
-
 
 @triton.jit
 def _dot(a, b, IEEE: tl.constexpr):
@@ -60,49 +49,43 @@ def _load(ptrs, mask, MASKED: tl.constexpr, PAD_D: tl.constexpr, d_mask):
 
 
 @triton.jit
-def _step(acc, m_i, l_i, q, k, v, visible, bias_pos, scale2, cap_in, cap_out, slope2,
+def _step(acc, m_i, l_i, q, k, v, vis, jpos, row_pos, qk_scale, logit_cap, slope2,
           MASKED: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
           IEEE: tl.constexpr):
     """One online-softmax update in base 2. q [M, D_P], k [D_P, N], v [N, D_P]; acc [M, D_P]."""
     qk = _dot(q, k, IEEE)  # [M, N] fp32
-    if HAS_CAP:  # cap * tanh(s / cap), tanh from exp2 (saturates to +-1, never NaN)
-        t = qk * cap_in
-        s = cap_out * (1.0 - 2.0 / (tl.math.exp2(t * (2.0 * 1.4426950408889634)) + 1.0))
+    if HAS_CAP:
+        s = soft_cap(qk * qk_scale, logit_cap) * LOG2E
     else:
-        s = qk * scale2
-    if HAS_ALIBI:  # slope * (j - p), slope already in base 2
-        s += slope2[:, None] * bias_pos
+        s = qk * (qk_scale * LOG2E)
+    if HAS_ALIBI:  # slope2 is already in base 2
+        s += alibi_bias(slope2[:, None], jpos[None, :], row_pos[:, None])
     if MASKED:
-        s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))  # [M]
-    if MASKED:  # a row with no visible key so far keeps m = -inf; subtract 0 instead (no NaN)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_use = m_new
-    alpha = tl.math.exp2(m_i - m_use)  # [M]
-    p = tl.math.exp2(s - m_use[:, None])  # [M, N]
-    l_i = l_i * alpha + tl.sum(p, 1)
+        s = tl.where(vis, s, float("-inf"))
+    m_i, l_i, alpha, p = online_softmax_step(m_i, l_i, s)  # an all-masked row stays -inf / 0
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
-    return acc, m_new, l_i
+    return acc, m_i, l_i
 
 
 @triton.jit
-def _stage(acc, m_i, l_i, q, lo, hi, n_keys, key_base, row_tok, row_pos, row_ok, slope2, scale2,
-           cap_in, cap_out, inv_vs, window, kvh, q0, mask_row,
+def _stage(acc, m_i, l_i, q, lo, hi, n_keys, key_base, row_pos, row_ok, slope2, qk_scale,
+           logit_cap, inv_vs, window, kvh, q0, mask_row,
            bt_row, kc_ptr, vc_ptr, kn_ptr, vn_ptr, mask_ptr,
            stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64, stride_kdh: tl.int64,
-           stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64, stride_vdh: tl.int64,
-           stride_nt: tl.int64, stride_nh: tl.int64, lk,
-           K_LO: tl.constexpr, KX: tl.constexpr, V_LO: tl.constexpr, VX: tl.constexpr,
+           stride_kdl: tl.int64, stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
+           stride_vdh: tl.int64, stride_vdl: tl.int64, stride_nt: tl.int64, stride_nh: tl.int64,
+           K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr,
+           V_LO_ONE: tl.constexpr,
            PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
            HEAD_DIM_P: tl.constexpr, MASKED: tl.constexpr, STAGE1: tl.constexpr,
-           FROM_NEW: tl.constexpr, TRIANGLE: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
+           FROM_NEW: tl.constexpr, TRIANGLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+           HAS_MASK: tl.constexpr,
            HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, KV_FP8: tl.constexpr,
            IEEE: tl.constexpr):
     """Keys [lo, hi) of one stage, relative index r in [0, n_keys); absolute position key_base + r.
 
     FROM_NEW: K/V rows q0 + r of k_new/v_new; else cache positions key_base + r via the table.
-    TRIANGLE: stage 2's causal rule r <= row_tok (the shifted mask with the prefix removed).
+    TRIANGLE: stage 2's causal rule j <= p (r <= query index: the shifted mask minus the prefix).
     """
     d = tl.arange(0, HEAD_DIM_P)  # [D_P]
     d_ok = d < HEAD_DIM
@@ -127,33 +110,30 @@ def _stage(acc, m_i, l_i, q, lo, hi, n_keys, key_base, row_tok, row_pos, row_ok,
                 blk = tl.load(bt_row + jpos // PAGE, mask=r_ok, other=0).to(tl.int64)  # [N]
             tin = jpos % PAGE  # [N] token within its page
             if ONE_PAGE:
-                k_off = _kv_addr(blk, tin[None, :], kvh, d[:, None], stride_kb, stride_kt,
-                                 stride_kh, stride_kdh, K_LO, KX)  # [D_P, N]
-                v_off = _kv_addr(blk, tin[:, None], kvh, d[None, :], stride_vb, stride_vt,
-                                 stride_vh, stride_vdh, V_LO, VX)  # [N, D_P]
+                bk = blk
+                bv = blk
             else:
-                k_off = _kv_addr(blk[None, :], tin[None, :], kvh, d[:, None], stride_kb,
-                                 stride_kt, stride_kh, stride_kdh, K_LO, KX)
-                v_off = _kv_addr(blk[:, None], tin[:, None], kvh, d[None, :], stride_vb,
-                                 stride_vt, stride_vh, stride_vdh, V_LO, VX)
+                bk = blk[None, :]
+                bv = blk[:, None]
+            k_off = kv_offset(bk, tin[None, :], kvh, d[:, None], stride_kb, stride_kt, stride_kh,
+                              stride_kdh, stride_kdl, K_X, K_SPLIT, K_LO_ONE)  # [D_P, N]
+            v_off = kv_offset(bv, tin[:, None], kvh, d[None, :], stride_vb, stride_vt, stride_vh,
+                              stride_vdh, stride_vdl, HEAD_DIM_P, False, V_LO_ONE)  # [N, D_P]
             k = _load(kc_ptr + k_off, r_ok[None, :] & d_ok[:, None], MASKED, PAD_D, d_ok[:, None])
             v = _load(vc_ptr + v_off, r_ok[:, None] & d_ok[None, :], MASKED, PAD_D, d_ok[None, :])
             if KV_FP8:  # dequantised by the folded scales; the dot runs in q's dtype
                 k = k.to(q.dtype)
                 v = v.to(q.dtype)
-        visible = r_ok[None, :]  # [M, N] (broadcast)
+        vis = r_ok[None, :]  # [1, N]; [M, N] once a row-dependent rule applies
         if MASKED:
-            if TRIANGLE:
-                visible = visible & (r[None, :] <= row_tok[:, None])
-            if HAS_WINDOW:
-                visible = visible & (jpos[None, :] > row_pos[:, None] - window)
+            vis = visible(jpos[None, :], row_pos[:, None], key_base + n_keys, window, TRIANGLE,
+                          HAS_WINDOW)  # [M, N]
             if HAS_MASK:  # request's [Lq, Lk] row-major block; padded rows never read
                 m_off = mask_row[:, None] + jpos[None, :]  # [M, N] int64
                 cm = tl.load(mask_ptr + m_off, mask=row_ok[:, None] & r_ok[None, :], other=0)
-                visible = visible & (cm != 0)
-        bias_pos = (jpos[None, :] - row_pos[:, None]).to(tl.float32)  # [M, N] (ALiBi only)
-        acc, m_i, l_i = _step(acc, m_i, l_i, q, k, v, visible, bias_pos, scale2, cap_in,
-                              cap_out, slope2, MASKED, HAS_CAP, HAS_ALIBI, IEEE)
+                vis = vis & (cm != 0)
+        acc, m_i, l_i = _step(acc, m_i, l_i, q, k, v, vis, jpos, row_pos, qk_scale, logit_cap,
+                              slope2, MASKED, HAS_CAP, HAS_ALIBI, IEEE)
     return acc, m_i, l_i
 
 
@@ -165,7 +145,7 @@ def _stage(acc, m_i, l_i, q, lo, hi, n_keys, key_base, row_tok, row_pos, row_ok,
 def _extend_fwd(
     q_ptr,  # [T, Hq, D]
     kn_ptr, vn_ptr,  # [T, Hkv, D] k_new / v_new (q_ptr as a dummy when the cache holds them)
-    kc_ptr, vc_ptr,  # paged K / V caches, any layout (five strides each)
+    kc_ptr, vc_ptr,  # paged K / V caches, any layout (addressed through kv_offset)
     out_ptr,  # [T, Hq, D]
     lse_ptr,  # [T, Hq] float32 (dummy unless RETURN_LSE)
     bt_ptr,  # int32 [B, max_blocks]
@@ -180,9 +160,10 @@ def _extend_fwd(
     stride_nt: tl.int64, stride_nh: tl.int64, stride_lt: tl.int64, stride_lh: tl.int64,
     stride_bt: tl.int64,
     stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64, stride_kdh: tl.int64,
-    stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64, stride_vdh: tl.int64,
+    stride_kdl: tl.int64, stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
+    stride_vdh: tl.int64, stride_vdl: tl.int64,
     tune_class,  # autotuning key only (shape class of the call)
-    K_LO: tl.constexpr, KX: tl.constexpr, V_LO: tl.constexpr, VX: tl.constexpr,
+    K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, NEW_FROM_CACHE: tl.constexpr, HAS_MASK: tl.constexpr,
@@ -214,24 +195,17 @@ def _extend_fwd(
     q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D_P]
 
     # fp8: per KV head = per program, k_scale joins the logit scale and v_scale the output.
-    # k_new/v_new rows (stage 2 with FROM_NEW) are unquantised: plain scale, V divided back.
+    # k_new/v_new rows (stage 2 without NEW_FROM_CACHE) are unquantised: plain scale, V / vs.
     k_sc = 1.0
     inv_vs = 1.0
     if KV_FP8:
         k_sc = tl.load(kscale_ptr + kvh)
         inv_vs = 1.0 / tl.load(vscale_ptr + kvh)
-    qk_scale = sm_scale * k_sc
-    scale2 = qk_scale * 1.4426950408889634
-    cap_in = qk_scale / logit_cap
-    scale2_n = scale2
-    cap_in_n = cap_in
-    if NEW_FROM_CACHE == 0:
-        scale2_n = sm_scale * 1.4426950408889634
-        cap_in_n = sm_scale / logit_cap
-    cap_out = logit_cap * 1.4426950408889634
+    scale_1 = sm_scale * k_sc
+    scale_2 = scale_1 if NEW_FROM_CACHE else sm_scale
     slope2 = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_ALIBI:
-        slope2 = tl.load(alibi_ptr + head, mask=hg < GROUP, other=0.0) * 1.4426950408889634
+        slope2 = tl.load(alibi_ptr + head, mask=hg < GROUP, other=0.0) * LOG2E
     mask_row = tl.zeros([BLOCK_M], dtype=tl.int64)
     if HAS_MASK:
         mask_row = tl.load(mask_indptr_ptr + b).to(tl.int64) + row_tok * lk  # [M]
@@ -248,31 +222,25 @@ def _extend_fwd(
         lo1 = tl.maximum(prefix + tok0 - window + 1, 0) // BLOCK_N * BLOCK_N
         lo2 = tl.maximum(tok0 - window + 1, 0) // BLOCK_N * BLOCK_N
     ANY_MASK: tl.constexpr = HAS_WINDOW or HAS_MASK
+    TRI: tl.constexpr = CAUSAL and not HAS_MASK
+    FROM_NEW: tl.constexpr = not NEW_FROM_CACHE
 
     # Stage 1: the prefix [0, P), a dense rectangle. Full tiles run unmasked; the partial last
     # tile (and every tile under a window or custom mask) runs masked.
-    full1 = prefix // BLOCK_N * BLOCK_N
-    if ANY_MASK:
-        full1 = lo1
-    acc, m_i, l_i = _stage(
-        acc, m_i, l_i, q, lo1, full1, prefix, 0, row_tok, row_pos, row_ok, slope2, scale2,
-        cap_in, cap_out, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr, vn_ptr,
-        mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb, stride_vt, stride_vh,
-        stride_vdh, stride_nt, stride_nh, lk, K_LO, KX, V_LO, VX, PAGE, BLOCK_N, HEAD_DIM,
-        HEAD_DIM_P, False, True, False, False, HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
-    acc, m_i, l_i = _stage(
-        acc, m_i, l_i, q, tl.maximum(full1, lo1), prefix, prefix, 0, row_tok, row_pos, row_ok,
-        slope2, scale2, cap_in, cap_out, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr,
-        vc_ptr, kn_ptr, vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb,
-        stride_vt, stride_vh, stride_vdh, stride_nt, stride_nh, lk, K_LO, KX, V_LO, VX, PAGE,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_P, True, True, False, False, HAS_WINDOW, HAS_MASK, HAS_CAP,
-        HAS_ALIBI, KV_FP8, IEEE)
+    full1 = lo1 if ANY_MASK else prefix // BLOCK_N * BLOCK_N
+    for MASKED in tl.static_range(2):
+        acc, m_i, l_i = _stage(
+            acc, m_i, l_i, q, tl.maximum(full1, lo1) if MASKED else lo1,
+            prefix if MASKED else full1, prefix, 0, row_pos, row_ok, slope2, scale_1,
+            logit_cap, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr,
+            vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
+            stride_vt, stride_vh, stride_vdh, stride_vdl, stride_nt, stride_nh, K_X, K_SPLIT,
+            K_LO_ONE, V_LO_ONE, PAGE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, MASKED == 1, True, False,
+            False, HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
 
     # Stage 2: the new keys r in [0, Lq) at positions P + r. Causal: a lower triangle; the loop
     # stops at the block's diagonal (keys past its last query are never loaded: early exit).
     # Tiles entirely at or below the block's first query run unmasked.
-    TRI: tl.constexpr = CAUSAL and not HAS_MASK
-    FROM_NEW: tl.constexpr = not NEW_FROM_CACHE
     if TRI:
         hi2 = tl.minimum(lq, tok0 + BLOCK_Q)
         full2 = (tok0 + 1) // BLOCK_N * BLOCK_N
@@ -281,38 +249,27 @@ def _extend_fwd(
         full2 = lq // BLOCK_N * BLOCK_N
     if ANY_MASK:
         full2 = lo2
-    acc, m_i, l_i = _stage(
-        acc, m_i, l_i, q, lo2, full2, lq, prefix, row_tok, row_pos, row_ok, slope2, scale2_n,
-        cap_in_n, cap_out, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr, vn_ptr,
-        mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb, stride_vt, stride_vh,
-        stride_vdh, stride_nt, stride_nh, lk, K_LO, KX, V_LO, VX, PAGE, BLOCK_N, HEAD_DIM,
-        HEAD_DIM_P, False, False, FROM_NEW, TRI, HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI,
-        KV_FP8, IEEE)
-    acc, m_i, l_i = _stage(
-        acc, m_i, l_i, q, tl.maximum(full2, lo2), hi2, lq, prefix, row_tok, row_pos, row_ok,
-        slope2, scale2_n, cap_in_n, cap_out, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr,
-        vc_ptr, kn_ptr, vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_vb,
-        stride_vt, stride_vh, stride_vdh, stride_nt, stride_nh, lk, K_LO, KX, V_LO, VX, PAGE,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_P, True, False, FROM_NEW, TRI, HAS_WINDOW, HAS_MASK,
-        HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
+    for MASKED in tl.static_range(2):
+        acc, m_i, l_i = _stage(
+            acc, m_i, l_i, q, tl.maximum(full2, lo2) if MASKED else lo2,
+            hi2 if MASKED else full2, lq, prefix, row_pos, row_ok, slope2, scale_2, logit_cap,
+            inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr, vn_ptr, mask_ptr,
+            stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt,
+            stride_vh, stride_vdh, stride_vdl, stride_nt, stride_nh, K_X, K_SPLIT, K_LO_ONE,
+            V_LO_ONE, PAGE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, MASKED == 1, False, FROM_NEW, TRI,
+            HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
 
     # Epilogue: normalise (sinks join the denominator only), v_scale, store; empty rows -> 0/-inf.
-    has = l_i > 0.0
-    m_fin = tl.where(has, m_i, 0.0)
-    denom = l_i
+    sink2 = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_SINKS:
-        sink2 = tl.load(sinks_ptr + head, mask=hg < GROUP, other=0.0) * 1.4426950408889634
-        denom += tl.math.exp2(sink2 - m_fin)
-    inv = tl.where(has, 1.0 / tl.where(has, denom, 1.0), 0.0)  # [M]
+        sink2 = tl.load(sinks_ptr + head, mask=hg < GROUP, other=0.0) * LOG2E
+    o, lse2 = finalize_state(m_i, l_i, acc, sink2, HAS_SINKS)  # [M, D_P], [M]
     if KV_FP8:
-        inv = inv * tl.load(vscale_ptr + kvh)
-    o = acc * inv[:, None]
+        o = o * tl.load(vscale_ptr + kvh)
     o_off = (q0 + row_tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
     tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     if RETURN_LSE:
-        lse = tl.where(has, (m_fin + tl.math.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453,
-                       float("-inf"))
-        tl.store(lse_ptr + (q0 + row_tok) * stride_lt + head * stride_lh, lse, mask=row_ok)
+        tl.store(lse_ptr + (q0 + row_tok) * stride_lt + head * stride_lh, lse2 * LN2, mask=row_ok)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -407,9 +364,9 @@ def run(call):
         stride_lh=lse.stride(1) if call.return_lse else 0,
         stride_bt=call.block_table.stride(0),
         stride_kb=ks.block, stride_kt=ks.token, stride_kh=ks.head, stride_kdh=ks.dim_hi,
-        stride_vb=vs.block, stride_vt=vs.token, stride_vh=vs.head, stride_vdh=vs.dim_hi,
-        tune_class=C.shape_class(t, max_q),
-        K_LO=ks.dim_lo, KX=ks.x, V_LO=vs.dim_lo, VX=vs.x,
+        stride_kdl=ks.dim_lo, stride_vb=vs.block, stride_vt=vs.token, stride_vh=vs.head,
+        stride_vdh=vs.dim_hi, stride_vdl=vs.dim_lo, tune_class=C.shape_class(t, max_q),
+        K_X=ks.x, K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1,
         GROUP=group, GROUP_P=group_p, HEAD_DIM=d, HEAD_DIM_P=d_p, PAGE=g.block_size,
         CAUSAL=bool(call.causal), NEW_FROM_CACHE=call.k_new is None, HAS_MASK=mask is not None,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
