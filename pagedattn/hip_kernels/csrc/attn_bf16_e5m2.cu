@@ -1,0 +1,4 @@
+// Decode kernels for q=bf16, kv=e5m2 (see attn_inst.cuh).
+#include "attn_inst.cuh"
+
+PK_DEFINE_DECODE(bf16, e5m2)

@@ -1,0 +1,76 @@
+// attn_inst.cuh: launchers. Included by the per-dtype translation units (attn_<q>_<kv>.cu) and by
+// compile_check/check_kernels.cu; torch-free.
+#pragma once
+
+#include "attn_kernel.cuh"
+
+namespace pk {
+
+// REUSE_KV_TIMES: how many query heads one block serves from each KV tile it loads (reference
+// §5.2.3). The switch names the specialisations 1..64; the kernel is instantiated per 16-row MMA
+// tile count, so REUSE 1..16 share one binary (HIP.md §0.5) and rows past the group are masked.
+#define PK_REUSEKV_SWITCH(reuse, ...)                                              \
+  [&] {                                                                            \
+    if ((reuse) > 48) { constexpr int REUSE_KV_TIMES = 64; return __VA_ARGS__(); } \
+    else if ((reuse) > 32) { constexpr int REUSE_KV_TIMES = 48; return __VA_ARGS__(); } \
+    else if ((reuse) > 16) { constexpr int REUSE_KV_TIMES = 32; return __VA_ARGS__(); } \
+    else if ((reuse) > 8) { constexpr int REUSE_KV_TIMES = 16; return __VA_ARGS__(); } \
+    else if ((reuse) > 4) { constexpr int REUSE_KV_TIMES = 8; return __VA_ARGS__(); } \
+    else if ((reuse) > 2) { constexpr int REUSE_KV_TIMES = 4; return __VA_ARGS__(); } \
+    else if ((reuse) > 1) { constexpr int REUSE_KV_TIMES = 2; return __VA_ARGS__(); } \
+    else { constexpr int REUSE_KV_TIMES = 1; return __VA_ARGS__(); }              \
+  }()
+
+constexpr int head_tiles_for(int reuse) { return reuse <= 16 ? 1 : reuse <= 32 ? 2 : 4; }
+
+template <class Cfg>
+const char* launch_attn(const AttnParams& p, stream_t stream) {
+  attn_kernel<Cfg><<<Cfg::grid(p), Cfg::block(), Cfg::dynamic_smem(), stream>>>(p);
+  return last_launch_error();
+}
+
+template <class QT, class KVT, int D, bool VT>
+const char* launch_decode_d(const AttnParams& p, stream_t stream) {
+  const char* err = PK_REUSEKV_SWITCH(p.heads_per_block, [&] {
+    constexpr int kTiles = head_tiles_for(REUSE_KV_TIMES);
+    return launch_attn<AttnCfg<QT, KVT, D, kTiles, VT, Mode::kDecode>>(p, stream);
+  });
+  if (err || p.max_partitions == 1) return err;
+  combine_kernel<QT, D><<<dim3(p.num_q_heads, p.num_seqs), dim3(D), 0, stream>>>(p);
+  return last_launch_error();
+}
+
+template <class QT, class KVT>
+const char* launch_decode(const AttnParams& p, int head_dim, bool v_trans, void* stream) {
+  auto s = static_cast<stream_t>(stream);
+  if (head_dim == 64)
+    return v_trans ? launch_decode_d<QT, KVT, 64, true>(p, s) : launch_decode_d<QT, KVT, 64, false>(p, s);
+  if (head_dim == 128)
+    return v_trans ? launch_decode_d<QT, KVT, 128, true>(p, s)
+                   : launch_decode_d<QT, KVT, 128, false>(p, s);
+  return "pk: head_dim must be 64 or 128";
+}
+
+template <class QT>
+const char* launch_extend(const AttnParams& p, int head_dim, void* stream) {
+  auto s = static_cast<stream_t>(stream);
+  if (head_dim == 64) return launch_attn<AttnCfg<QT, QT, 64, 4, false, Mode::kExtend>>(p, s);
+  if (head_dim == 128) return launch_attn<AttnCfg<QT, QT, 128, 4, false, Mode::kExtend>>(p, s);
+  return "pk: head_dim must be 64 or 128";
+}
+
+}  // namespace pk
+
+// One translation unit per (query type, KV type): instantiations compile in parallel.
+#define PK_DEFINE_DECODE(QN, KN)                                                        \
+  namespace pk {                                                                        \
+  const char* launch_decode_##QN##_##KN(const AttnParams& p, int d, bool vt, void* s) { \
+    return launch_decode<QN, KN>(p, d, vt, s);                                          \
+  }                                                                                     \
+  }
+#define PK_DEFINE_EXTEND(QN)                                                       \
+  namespace pk {                                                                   \
+  const char* launch_extend_##QN(const AttnParams& p, int d, void* s) {            \
+    return launch_extend<QN>(p, d, s);                                             \
+  }                                                                                \
+  }

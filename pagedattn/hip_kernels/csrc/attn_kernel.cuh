@@ -1,0 +1,519 @@
+// attn_kernel.cuh: paged attention over a KV-tile pipeline shared by decode and prefix prefill.
+//
+// One block = 4 waves and 16 * HEAD_TILES "rows". Decode: rows are the query heads of one KV
+// head's group (the KV-head grid of reference §5.2.3: every KV tile is read from memory once and
+// used by all heads of the group); extend: rows are 64 consecutive queries of one head.
+// Wave w owns row tile w % HEAD_TILES and the token slice w / HEAD_TILES of every KV tile; the
+// token slices are merged through LDS at the end.
+//
+// Per KV tile of T = 64 tokens:
+//   Phase 1: regs -> LDS. K as [T][D] rows, V transposed to [D][T] (MMAC: kperm'd columns),
+//            both converted to the query's 16-bit type (fp8 dequantised to exact values).
+//   Phase 2: prefetch the next tile global -> regs (16-byte loads from per-page bases advanced by
+//            k_delta / v_delta, reference §5.3.3), overlapping phases 3-4.
+//   Phase 3: S = Q K^T (Q in registers), mask, online softmax in the exp2 domain.
+//   Phase 4: O += P V with P converted in registers (acc_to_frag).
+// Then: merge token slices, normalise, write out/lse (one partition) or the split-KV partials.
+//
+// Torch-free: compiled by the JIT build and, standalone, by csrc/compile_check.
+#pragma once
+
+#include "attn_params.h"
+#include "pk_kvload.h"
+#include "pk_mma.h"
+
+namespace pk {
+
+enum class Mode { kDecode, kExtend };
+
+template <class QT_, class KVT_, int D_, int HEAD_TILES_, bool V_TRANS_, Mode MODE_>
+struct AttnCfg {
+  using QT = QT_;    // f16 | bf16: query, output and MMA operand type
+  using KVT = KVT_;  // QT, or e4m3 | e5m2
+  static constexpr int D = D_;
+  static constexpr int kHeadTiles = HEAD_TILES_;
+  static constexpr bool kVTrans = V_TRANS_;  // V cache is [.., D, block_size] (hcu layout)
+  static constexpr Mode kMode = MODE_;
+
+  static constexpr int kWaves = 4;
+  static constexpr int kThreads = kWaves * kWave;
+  static constexpr int T = 64;                            // tokens per KV tile
+  static constexpr int kTokSplit = kWaves / kHeadTiles;   // waves sharing one row tile
+  static constexpr int kTokTiles = T / 16 / kTokSplit;    // 16-token tiles per wave per KV tile
+  static constexpr int kDTiles = D / 16;
+  static constexpr int kEpv = 16 / KVT::kBytes;           // cache elements per 16-byte load
+  static constexpr int kUnits = T * D / kEpv / kThreads;  // 16-byte loads per thread (K, and V)
+  static constexpr int kKStride = D + 8;                  // LDS row pitch (16-bit elements)
+  static constexpr int kVStride = T + 8;
+  static constexpr int kMaxSub = T / 16;                  // page >= 16: <= 4 pages per tile
+  static constexpr int kTileBytes = (T * kKStride + D * kVStride) * 2;
+  static constexpr int kRedBytes = (kTokSplit - 1) * kHeadTiles * 16 * D * 4;
+  static constexpr int kSmemBytes = kTileBytes > kRedBytes ? kTileBytes : kRedBytes;
+
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(kHeadTiles == 1 || kHeadTiles == 2 || kHeadTiles == 4, "row tiles divide 4 waves");
+  static_assert(kUnits >= 1 && (T * D / kEpv) % kThreads == 0, "whole 16-byte loads per thread");
+  static_assert(kWave % (D / kEpv) == 0, "a wave's K load covers whole rows");
+  static_assert(kSmemBytes + 2 * kWaves * 16 * 4 <= 48 * 1024, "static LDS/shared limit");
+  static_assert(kMode == Mode::kDecode || kHeadTiles == 4, "extend: 64 query rows per block");
+
+  // Launch geometry. Decode: (kv_head x head group, seq, partition); extend: (query block of
+  // 64, q head, seq). All shared memory is static (<= 48 KB: no opt-in attribute needed).
+  static dim3 grid(const AttnParams& p) {
+    if constexpr (kMode == Mode::kDecode)
+      return dim3(p.num_kv_heads * p.blocks_per_kv_head, p.num_seqs, p.max_partitions);
+    else
+      return dim3(p.num_m_blocks, p.num_q_heads, p.num_seqs);
+  }
+  static dim3 block() { return dim3(kThreads); }
+  static constexpr int dynamic_smem() { return 0; }
+};
+
+// 16 fp8 bytes -> 8 registers of packed 16-bit QT values (exact).
+template <class QT, class KVT>
+PK_DEVICE void fp8x16_to_16bit(const vec16& v, uint32_t (&o)[8]) {
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t x = v.w[w];
+    o[2 * w] = pack2<QT>(fp8_to_float(KVT{}, x & 0xff), fp8_to_float(KVT{}, (x >> 8) & 0xff));
+    o[2 * w + 1] =
+        pack2<QT>(fp8_to_float(KVT{}, (x >> 16) & 0xff), fp8_to_float(KVT{}, x >> 24));
+  }
+}
+
+PK_DEVICE uint16_t half_of(const uint32_t* w, int e) {
+  return static_cast<uint16_t>(w[e >> 1] >> (16 * (e & 1)));
+}
+
+// LDS column of token t of a tile: kperm within each 16-group (identity except MMAC).
+PK_DEVICE int tok_col(int t) { return (t & ~15) | kperm(t & 15); }
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads) attn_kernel(const AttnParams p) {
+  using QT = typename Cfg::QT;
+  using KVT = typename Cfg::KVT;
+  constexpr int D = Cfg::D, T = Cfg::T, NT = Cfg::kThreads, HT = Cfg::kHeadTiles;
+  constexpr int KS = Cfg::kKStride, VS = Cfg::kVStride, EPV = Cfg::kEpv;
+  constexpr bool kDecode = Cfg::kMode == Mode::kDecode;
+  constexpr bool kFp8 = KVT::kBytes == 1;
+
+  // Preconditions (host-checked): page_size a power of 2 >= 16; partition_size % T == 0; cache
+  // base pointers 16-byte aligned and k/v strides multiples of EPV; q strides even.
+  __shared__ __align__(16) uint8_t smem[Cfg::kSmemBytes];
+  __shared__ float red_m[Cfg::kWaves][16];
+  __shared__ float red_l[Cfg::kWaves][16];
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);     // (T, KS)  K tile, row = token
+  uint16_t* Vs = Ks + T * KS;                           // (D, VS)  V^T tile, row = d
+  float* red_o = reinterpret_cast<float*>(smem);        // ((kTokSplit-1)*HT, 16, D), after loop
+
+  const int tid = threadIdx.x, lane = lane_id(), wave = wave_id();
+  const int rt = wave % HT;   // row tile of this wave
+  const int ts = wave / HT;   // token slice of this wave
+
+  // ---- Block coordinates, rows, key range --------------------------------------------------
+  int seq, kv_head, ctx, row0, nrows, kbeg, kend, q_tok0 = 0, q_head0 = 0, prefix = 0, part = 0;
+  if constexpr (kDecode) {
+    kv_head = blockIdx.x / p.blocks_per_kv_head;
+    const int hg = blockIdx.x % p.blocks_per_kv_head;
+    seq = blockIdx.y;
+    part = blockIdx.z;
+    ctx = p.seq_lens[seq];
+    q_head0 = kv_head * p.group + hg * p.heads_per_block;
+    nrows = min(p.heads_per_block, p.group - hg * p.heads_per_block);
+    kbeg = part * p.partition_size;
+    if (part > 0 && kbeg >= ctx) return;  // partition 0 always runs: it writes empty rows
+    kend = min(ctx, kbeg + p.partition_size);
+    row0 = 0;
+  } else {
+    const int mb = blockIdx.x;
+    q_head0 = blockIdx.y;
+    seq = blockIdx.z;
+    kv_head = q_head0 / p.group;
+    const int lq = p.cu_seqlens_q[seq + 1] - p.cu_seqlens_q[seq];
+    row0 = mb * 16 * HT;
+    if (row0 >= lq) return;
+    nrows = min(16 * HT, lq - row0);
+    ctx = p.seq_lens[seq];
+    prefix = ctx - lq;
+    q_tok0 = p.cu_seqlens_q[seq];
+    kbeg = 0;
+    kend = min(ctx, prefix + row0 + nrows);  // last row sees keys <= prefix + row0 + nrows - 1
+  }
+  const int nchunks = kend > kbeg ? (kend - kbeg + T - 1) / T : 0;
+  const bool wave_active = rt * 16 < nrows;
+
+  // Last visible key of each accumulator row of this lane (-1: row masked / not present).
+  int lim[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int x = rt * 16 + acc_x(lane, 2 * r);
+    lim[r] = x >= nrows ? -1 : (kDecode ? ctx - 1 : prefix + row0 + x);
+  }
+
+  const float kscale = p.k_scale ? p.k_scale[kv_head] : 1.f;
+  const float c = p.scale_log2 * kscale;  // logits in log2 units: s * c
+
+  // ---- Q fragments (rows x k = D), zero rows past nrows ------------------------------------
+  Frag qf[Cfg::kDTiles];  // (16, D)
+  {
+    const uint16_t* qb = static_cast<const uint16_t*>(p.q);
+#pragma unroll
+    for (int r = 0; r < kFragRegs; ++r) {
+      const int x = rt * 16 + frag_row(lane, r);
+      const bool ok = x < nrows;
+      const int64_t off = kDecode
+          ? int64_t(seq) * p.q_stride_tok + int64_t(q_head0 + x) * p.q_stride_head
+          : int64_t(q_tok0 + row0 + x) * p.q_stride_tok + int64_t(q_head0) * p.q_stride_head;
+#pragma unroll
+      for (int kk = 0; kk < Cfg::kDTiles; ++kk) {
+        qf[kk].r[r] = ok ? *reinterpret_cast<const uint32_t*>(qb + off + 16 * kk + frag_k(lane, r))
+                         : 0u;
+      }
+    }
+  }
+
+  // ---- KV cursor: one 64-bit base per page-subtile, advanced by deltas ------------------------
+  const int page = p.page_size;
+  const int st = page < T ? page : T;  // subtile rows: one page or the whole tile
+  const int* table = p.block_table + int64_t(seq) * p.table_stride;
+  const char* kb = static_cast<const char*>(p.k_cache) + int64_t(kv_head) * p.k_stride_head * KVT::kBytes;
+  const char* vb = static_cast<const char*>(p.v_cache) + int64_t(kv_head) * p.v_stride_head * KVT::kBytes;
+  int64_t kbase[Cfg::kMaxSub], vbase[Cfg::kMaxSub];  // element offsets (wave-uniform)
+  int prev_blk[Cfg::kMaxSub], prev_off[Cfg::kMaxSub];
+#pragma unroll
+  for (int s = 0; s < Cfg::kMaxSub; ++s) kbase[s] = vbase[s] = 0, prev_blk[s] = prev_off[s] = 0;
+
+  auto advance = [&](int c0) {
+#pragma unroll
+    for (int s = 0; s < Cfg::kMaxSub; ++s) {
+      const int tok = c0 + s * st;
+      if (s * st < T && tok < ctx) {
+        const int blk = uniform(table[tok / page]);
+        const int off = tok & (page - 1);
+        const int64_t table_diff = blk - prev_blk[s], offset_diff = off - prev_off[s];
+        kbase[s] += table_diff * p.k_stride_block + offset_diff * p.k_stride_token;  // k_delta
+        vbase[s] += table_diff * p.v_stride_block + offset_diff * p.v_stride_token;  // v_delta
+        prev_blk[s] = blk;
+        prev_off[s] = off;
+      }
+    }
+  };
+  auto pick = [&](const int64_t (&b)[Cfg::kMaxSub], int s) {
+    int64_t r = b[0];
+#pragma unroll
+    for (int j = 1; j < Cfg::kMaxSub; ++j) r = (s == j) ? b[j] : r;
+    return uniform64(r);
+  };
+
+  vec16 kreg[Cfg::kUnits], vreg[Cfg::kUnits];
+  auto fetch = [&](int c0) {
+    advance(c0);
+    constexpr int VPR = D / EPV;  // 16-byte vectors per K row
+#pragma unroll
+    for (int u = 0; u < Cfg::kUnits; ++u) {
+      const int idx = u * NT + tid;
+      const int row = idx / VPR, vec = idx % VPR;
+      const int s = uniform(row / st);  // a wave's rows lie in one page (page >= 16)
+      const int voff = int((row % st) * p.k_stride_token + vec * EPV) * KVT::kBytes;
+      kreg[u] = load16(kb + pick(kbase, s) * KVT::kBytes, voff, c0 + row < ctx);
+    }
+#pragma unroll
+    for (int u = 0; u < Cfg::kUnits; ++u) {
+      const int idx = u * NT + tid;
+      if constexpr (!Cfg::kVTrans) {
+        const int row = idx / VPR, vec = idx % VPR;
+        const int s = uniform(row / st);
+        const int voff = int((row % st) * p.v_stride_token + vec * EPV) * KVT::kBytes;
+        vreg[u] = load16(vb + pick(vbase, s) * KVT::kBytes, voff, c0 + row < ctx);
+      } else {  // V is [D][page]: a wave reads consecutive d of one token vector
+        const int tv = idx / D, d = idx % D;
+        const int t0 = tv * EPV;
+        const int s = uniform(t0 / st);
+        const int voff = int(d * p.v_stride_dim + (t0 % st) * p.v_stride_token) * KVT::kBytes;
+        vreg[u] = load16(vb + pick(vbase, s) * KVT::kBytes, voff, c0 + t0 < ctx);
+      }
+    }
+  };
+
+  auto store = [&](int c0) {
+    constexpr int VPR = D / EPV;
+#pragma unroll
+    for (int u = 0; u < Cfg::kUnits; ++u) {
+      const int idx = u * NT + tid;
+      const int row = idx / VPR, vec = idx % VPR;
+      uint32_t w[EPV / 2];
+      if constexpr (kFp8) {
+        fp8x16_to_16bit<QT, KVT>(kreg[u], *reinterpret_cast<uint32_t(*)[8]>(w));
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = kreg[u].w[j];
+      }
+#pragma unroll
+      for (int j = 0; j < EPV / 8; ++j)
+        *reinterpret_cast<vec16*>(Ks + row * KS + vec * EPV + 8 * j) =
+            vec16{{w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]}};
+    }
+#pragma unroll
+    for (int u = 0; u < Cfg::kUnits; ++u) {
+      const int idx = u * NT + tid;
+      uint32_t w[EPV / 2];
+      if constexpr (kFp8) {
+        fp8x16_to_16bit<QT, KVT>(vreg[u], *reinterpret_cast<uint32_t(*)[8]>(w));
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = vreg[u].w[j];
+      }
+      if constexpr (!Cfg::kVTrans) {  // transpose: EPV values of one token -> EPV rows of V^T
+        const int row = idx / VPR, vec = idx % VPR;
+        const int col = tok_col(row);
+#pragma unroll
+        for (int e = 0; e < EPV; ++e) Vs[(vec * EPV + e) * VS + col] = half_of(w, e);
+      } else {  // EPV tokens of one d; zero the tokens past ctx (their memory is not ours)
+        const int tv = idx / D, d = idx % D, t0 = tv * EPV;
+#pragma unroll
+        for (int e = 0; e < EPV; ++e) {
+          const uint16_t h = (c0 + t0 + e < ctx) ? half_of(w, e) : uint16_t(0);
+          Vs[d * VS + tok_col(t0 + e)] = h;
+        }
+      }
+    }
+  };
+
+  // ---- Softmax state and accumulators --------------------------------------------------------
+  float m[kRows], l[kRows];  // running max (log2 units) and this lane's partial sum
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) m[r] = kNegInf, l[r] = 0.f;
+  Acc o[Cfg::kDTiles];  // (16, D): x = row, y = d
+#pragma unroll
+  for (int n = 0; n < Cfg::kDTiles; ++n) zero(o[n]);
+
+  if (nchunks > 0) fetch(kbeg);
+  for (int ci = 0; ci < nchunks; ++ci) {
+    const int c0 = kbeg + ci * T;
+    // Phase 1: regs -> LDS (the barrier that ended the previous iteration freed the tile).
+    store(c0);
+    __syncthreads();
+    // Phase 2: prefetch the next tile while this one is consumed.
+    if (ci + 1 < nchunks) fetch(c0 + T);
+
+    if (wave_active) {
+      // Phase 3: S = Q K^T over this wave's token tiles; mask; online softmax (exp2 domain).
+      Acc s[Cfg::kTokTiles];  // (16 rows, 16 tokens) each
+#pragma unroll
+      for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
+        const int tb = (ts * Cfg::kTokTiles + tt) * 16;
+        zero(s[tt]);
+#pragma unroll
+        for (int kk = 0; kk < Cfg::kDTiles; ++kk) {
+          Frag kf;  // (16 tokens, 16 d)
+#pragma unroll
+          for (int r = 0; r < kFragRegs; ++r)
+            kf.r[r] = *reinterpret_cast<const uint32_t*>(
+                Ks + (tb + frag_row(lane, r)) * KS + 16 * kk + frag_k(lane, r));
+          mma_nt<QT>(s[tt], qf[kk], kf);
+        }
+      }
+      float mx[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) mx[r] = kNegInf;
+#pragma unroll
+      for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
+        const int tb = c0 + (ts * Cfg::kTokTiles + tt) * 16;
+#pragma unroll
+        for (int i = 0; i < kAccSlots; ++i) {
+          const int j = tb + acc_y(lane, i);
+          const float v = j <= lim[acc_row(i)] ? s[tt].v[i] * c : kNegInf;
+          s[tt].v[i] = v;
+          mx[acc_row(i)] = fmax(mx[acc_row(i)], v);
+        }
+      }
+      float corr[kRows], mu[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float mn = fmax(m[r], reduce_y_max(mx[r]));
+        mu[r] = mn == kNegInf ? 0.f : mn;  // an all-masked row keeps p = 0, not NaN
+        corr[r] = exp2(m[r] - mu[r]);
+        m[r] = mn;
+        l[r] *= corr[r];
+      }
+      Frag pf[Cfg::kTokTiles];
+#pragma unroll
+      for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
+#pragma unroll
+        for (int i = 0; i < kAccSlots; ++i) {
+          const float e = exp2(s[tt].v[i] - mu[acc_row(i)]);
+          s[tt].v[i] = e;
+          l[acc_row(i)] += e;
+        }
+        pf[tt] = acc_to_frag<QT>(s[tt]);  // (16 rows, 16 tokens in acc_y order)
+      }
+      // Phase 4: O = O * corr + P V.
+#pragma unroll
+      for (int n = 0; n < Cfg::kDTiles; ++n) {
+#pragma unroll
+        for (int i = 0; i < kAccSlots; ++i) o[n].v[i] *= corr[acc_row(i)];
+#pragma unroll
+        for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
+          const int tb = (ts * Cfg::kTokTiles + tt) * 16;
+          Frag vf;  // (16 d, 16 tokens), token order matches pf via tok_col
+#pragma unroll
+          for (int r = 0; r < kFragRegs; ++r)
+            vf.r[r] = *reinterpret_cast<const uint32_t*>(
+                Vs + (16 * n + frag_row(lane, r)) * VS + tb + frag_k(lane, r));
+          mma_nt<QT>(o[n], pf[tt], vf);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // ---- Merge the token slices of each row tile through LDS ------------------------------------
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) l[r] = reduce_y_sum(l[r]);
+  float big_m[kRows], big_l[kRows];
+  if constexpr (Cfg::kTokSplit > 1) {
+    if ((kRows == 1 ? lane < 16 : (lane & 3) == 0)) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        red_m[wave][acc_x(lane, 2 * r)] = m[r];
+        red_l[wave][acc_x(lane, 2 * r)] = l[r];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int x = acc_x(lane, 2 * r);
+      float mm = kNegInf;
+#pragma unroll
+      for (int t = 0; t < Cfg::kTokSplit; ++t) mm = fmax(mm, red_m[t * HT + rt][x]);
+      const float mu = mm == kNegInf ? 0.f : mm;
+      float ll = 0.f;
+#pragma unroll
+      for (int t = 0; t < Cfg::kTokSplit; ++t)
+        ll += red_l[t * HT + rt][x] * exp2(red_m[t * HT + rt][x] - mu);
+      const float f = exp2(m[r] - mu);
+#pragma unroll
+      for (int n = 0; n < Cfg::kDTiles; ++n)
+#pragma unroll
+        for (int i = 0; i < kAccSlots; ++i)
+          if (acc_row(i) == r) o[n].v[i] *= f;
+      big_m[r] = mm;
+      big_l[r] = ll;
+    }
+    if (ts > 0) {
+      float* dst = red_o + ((ts - 1) * HT + rt) * 16 * D;
+#pragma unroll
+      for (int n = 0; n < Cfg::kDTiles; ++n)
+#pragma unroll
+        for (int i = 0; i < kAccSlots; ++i)
+          dst[acc_x(lane, i) * D + 16 * n + acc_y(lane, i)] = o[n].v[i];
+    }
+    __syncthreads();
+    if (ts > 0) return;
+#pragma unroll
+    for (int t = 1; t < Cfg::kTokSplit; ++t) {
+      const float* src = red_o + ((t - 1) * HT + rt) * 16 * D;
+#pragma unroll
+      for (int n = 0; n < Cfg::kDTiles; ++n)
+#pragma unroll
+        for (int i = 0; i < kAccSlots; ++i)
+          o[n].v[i] += src[acc_x(lane, i) * D + 16 * n + acc_y(lane, i)];
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) big_m[r] = m[r], big_l[r] = l[r];
+  }
+  if (!wave_active) return;
+
+  // ---- Epilogue: normalise and write -------------------------------------------------------
+  const float vscale = p.v_scale ? p.v_scale[kv_head] : 1.f;
+  float inv[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) inv[r] = big_l[r] > 0.f ? vscale / big_l[r] : 0.f;
+  const bool direct = !kDecode || p.max_partitions == 1;
+#pragma unroll
+  for (int i = 0; i < kAccSlots; ++i) {
+    const int x = rt * 16 + acc_x(lane, i);
+    if (x >= nrows) continue;
+    const int head = kDecode ? q_head0 + x : q_head0;
+    const int64_t tok = kDecode ? seq : q_tok0 + row0 + x;
+    const float sc = inv[acc_row(i)];
+    if (direct) {
+      uint16_t* ob = static_cast<uint16_t*>(p.out) + tok * p.o_stride_tok + head * p.o_stride_head;
+#pragma unroll
+      for (int n = 0; n < Cfg::kDTiles; ++n)
+        ob[16 * n + acc_y(lane, i)] = from_float(QT{}, o[n].v[i] * sc);
+    } else {
+      float* tb = p.tmp_out + ((int64_t(seq) * p.num_q_heads + head) * p.max_partitions + part) * D;
+#pragma unroll
+      for (int n = 0; n < Cfg::kDTiles; ++n) tb[16 * n + acc_y(lane, i)] = o[n].v[i] * sc;
+    }
+  }
+  // Row statistics: one lane per row writes them.
+  if ((kRows == 1 ? lane < 16 : (lane & 3) == 0)) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int x = rt * 16 + acc_x(lane, 2 * r);
+      if (x >= nrows) continue;
+      const int head = kDecode ? q_head0 + x : q_head0;
+      const int64_t tok = kDecode ? seq : q_tok0 + row0 + x;
+      if (direct) {
+        if (p.lse)
+          p.lse[tok * p.num_q_heads + head] =
+              big_l[r] > 0.f ? (big_m[r] + log2_(big_l[r])) * 0.69314718055994531f : kNegInf;
+      } else {
+        const int64_t at = (int64_t(seq) * p.num_q_heads + head) * p.max_partitions + part;
+        p.max_logits[at] = big_m[r];
+        p.exp_sums[at] = big_l[r];
+      }
+    }
+  }
+}
+
+// Split-KV combine (HIP.md §4.5): out = sum_p w_p o_p / sum_p w_p, w_p = l_p 2^(m_p - M).
+// grid (Hq, S), D threads. A sequence with no keys gets out 0 and lse -inf.
+template <class QT, int D>
+__global__ void __launch_bounds__(D) combine_kernel(const AttnParams p) {
+  __shared__ float red[D / kWave > 0 ? D / kWave : 1];
+  const int head = blockIdx.x, seq = blockIdx.y, tid = threadIdx.x;
+  const int ctx = p.seq_lens[seq];
+  const int parts = (ctx + p.partition_size - 1) / p.partition_size;
+  const int64_t base = (int64_t(seq) * p.num_q_heads + head) * p.max_partitions;
+
+  auto block_reduce = [&](float v, bool is_max) {
+#pragma unroll
+    for (int msk = kWave / 2; msk > 0; msk >>= 1) {
+      const float o = shfl_xor(v, msk);
+      v = is_max ? fmax(v, o) : v + o;
+    }
+    __syncthreads();
+    if (lane_id() == 0) red[wave_id()] = v;
+    __syncthreads();
+    v = red[0];
+    for (int w = 1; w < D / kWave; ++w) v = is_max ? fmax(v, red[w]) : v + red[w];
+    return v;
+  };
+  // Phase 1: global max over the partitions' maxima.
+  float mx = kNegInf;
+  for (int i = tid; i < parts; i += D) mx = fmax(mx, p.max_logits[base + i]);
+  mx = block_reduce(mx, true);
+  const float mu = mx == kNegInf ? 0.f : mx;
+  // Phase 2: the total weight.
+  float sum = 0.f;
+  for (int i = tid; i < parts; i += D) sum += p.exp_sums[base + i] * exp2(p.max_logits[base + i] - mu);
+  sum = block_reduce(sum, false);
+  // Phase 3: weighted sum of the partition outputs, thread = d.
+  float acc = 0.f;
+  for (int i = 0; i < parts; ++i) {
+    const float w = p.exp_sums[base + i] * exp2(p.max_logits[base + i] - mu);
+    acc += w * p.tmp_out[(base + i) * D + tid];
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  uint16_t* ob = static_cast<uint16_t*>(p.out) + int64_t(seq) * p.o_stride_tok + head * p.o_stride_head;
+  ob[tid] = from_float(QT{}, acc * inv);
+  if (p.lse && tid == 0)
+    p.lse[int64_t(seq) * p.num_q_heads + head] =
+        sum > 0.f ? (mx + log2_(sum)) * 0.69314718055994531f : kNegInf;
+}
+
+}  // namespace pk
