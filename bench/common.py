@@ -288,15 +288,9 @@ def fmt_reasons(reasons: List[str], limit: int = 90) -> str:
 # ----------------------------------------------------------------------------- dispatch
 
 
-def select_backend(op: str, backend: str, *, q, k_cache, v_cache, layout: str, **extra):
-    """dispatch's Decision for an attention call with default options (raises ValueError with the
-    reasons when a forced backend cannot serve it)."""
+def decision(op: str, *args, **kwargs):
+    """dispatch's Decision for ``pagedattn.<op>(*args, **kwargs)`` (no launch, no print); a
+    forced backend that cannot serve the call raises ValueError with the reasons."""
     from pagedattn import dispatch
-    from pagedattn import validation as V
 
-    g = V.check_cache(k_cache, v_cache, layout)
-    opts = V.attn_options(q=q, g=g, kv_dtype=k_cache.dtype, scale=None, k_scale=None,
-                          v_scale=None, sliding_window=None, logit_cap=None, alibi_slopes=None,
-                          sinks=None)
-    return dispatch.select(op, backend, q=q, k_cache=k_cache, layout=layout, geom=g, opts=opts,
-                           **extra)
+    return dispatch.explain(op, *args, quiet=True, **kwargs)
