@@ -41,8 +41,8 @@ def load(name: str):
 ##### Data tables #####
 
 # NOTE: priors, not measurements: bench/results/ holds no A/B table yet. When the backend A/B
-# bench writes bench/results/backend_ab.csv (op, arch, shape, backend, median_us), reorder
-# these rows from it. Keys: an arch, else its vendor; per op, else "*".
+# bench (`python -m bench ab`) writes bench/results/ab_decode.csv and ab_extend.csv for an arch,
+# reorder these rows from them. Keys: an arch, else its vendor; per op, else "*".
 # * AMD/Hygon: the hand-written kernels (KV-head grid, REUSE_KV_TIMES, buffer loads) are the
 #   fast path they were written to be; Triton second.
 # * NVIDIA decode: the HIP kernel reads each KV byte once per block for the whole GQA group.
@@ -56,7 +56,7 @@ PREFERENCE = {
     "cpu": {"*": ("triton", "torch")},
     "unknown": {"*": ("triton", "torch")},
 }
-PREFERENCE_SOURCE = "bench/results/backend_ab.csv"
+PREFERENCE_SOURCE = "bench/results/ab_{decode,extend}.csv"
 
 # Split-KV partition (tokens): 512, or 256 when the GQA group exceeds 15 (DESIGN.md, reference
 # §5.2.5): a big group already gives each block 16+ rows of work, so more partitions are
