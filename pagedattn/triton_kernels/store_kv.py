@@ -12,14 +12,35 @@ from pagedattn import layouts as L
 from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels._common import kv_offset
 
+# mantissa bits and minimum normal exponent of each fp8 format
+_FP8_GRID = {torch.float8_e4m3fn: (3, -6), torch.float8_e5m2: (2, -14)}
+
 
 @triton.jit
-def _quantize(x, scale_ptr, h, FP8: tl.constexpr, FMAX: tl.constexpr, cache_ty: tl.constexpr):
+def _round_to_grid(y, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """Round float32 y to the nearest-even value with MBITS mantissa bits and min normal
+    exponent EMIN (the fp8 grid, subnormals included), in float32 arithmetic.
+
+    NOTE: the fp32 -> fp8 cast is then exact. The Triton interpreter's own cast rounds ties away
+    and drops mantissa carries (-1.9967 -> -1.0), so rounding is not left to the cast.
+    """
+    bits = y.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, EMIN)  # unbiased exponent, >= EMIN
+    ulp = ((e - MBITS + 127) << 23).to(tl.float32, bitcast=True)  # 2^(e - MBITS), exact
+    t = y / ulp  # |t| < 2^(MBITS+1): exact (power-of-2 divide)
+    magic = 12582912.0  # 1.5 * 2^23: (t + magic) - magic rounds t to an integer, ties to even
+    r = ((t + magic) - magic) * ulp
+    return tl.where(r == 0.0, y * 0.0, r)  # keep the sign of zero (-tiny -> -0.0)
+
+
+@triton.jit
+def _quantize(x, scale_ptr, h, FP8: tl.constexpr, FMAX: tl.constexpr, MBITS: tl.constexpr,
+              EMIN: tl.constexpr, cache_ty: tl.constexpr):
     """x [BLOCK_D] -> cache dtype; fp8: x / scale[h], clamped to +-FMAX, round to nearest even."""
     if FP8:
         y = x.to(tl.float32) / tl.load(scale_ptr + h)
         y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
-        return y.to(cache_ty, fp_downcast_rounding="rtne")
+        return _round_to_grid(y, MBITS, EMIN).to(cache_ty, fp_downcast_rounding="rtne")
     else:
         return x.to(cache_ty)
 
@@ -37,7 +58,8 @@ def _store_kv_kernel(
         stride_cvdh: tl.int64, stride_cvdl: tl.int64,
         D: tl.constexpr, BS: tl.constexpr, BLOCK_D: tl.constexpr,
         K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr,
-        V_LO_ONE: tl.constexpr, FP8: tl.constexpr, FMAX: tl.constexpr):
+        V_LO_ONE: tl.constexpr, FP8: tl.constexpr, FMAX: tl.constexpr, MBITS: tl.constexpr,
+        EMIN: tl.constexpr):
     # grid: (T, Hkv): one program per (token, KV head) writes D elements of K and of V.
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -45,7 +67,7 @@ def _store_kv_kernel(
     blk = tl.maximum(slot, 0) // BS  # int64 physical block
     off = tl.maximum(slot, 0) % BS
     d = tl.arange(0, BLOCK_D)
-    mask = (d < D) & (slot >= 0)  # [BLOCK_D]
+    mask = (d < D) & ((d * 0 + slot) >= 0)  # [BLOCK_D]; the slot test broadcast to a vector
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)  # [BLOCK_D]
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
     k_off = kv_offset(blk, off, h, d, stride_ckb, stride_ckt, stride_ckh, stride_ckdh,
@@ -54,8 +76,8 @@ def _store_kv_kernel(
                       stride_cvdl, BLOCK_D, False, V_LO_ONE)
     ck_ty = k_cache_ptr.dtype.element_ty
     cv_ty = v_cache_ptr.dtype.element_ty
-    tl.store(k_cache_ptr + k_off, _quantize(k, k_scale_ptr, h, FP8, FMAX, ck_ty), mask=mask)
-    tl.store(v_cache_ptr + v_off, _quantize(v, v_scale_ptr, h, FP8, FMAX, cv_ty), mask=mask)
+    tl.store(k_cache_ptr + k_off, _quantize(k, k_scale_ptr, h, FP8, FMAX, MBITS, EMIN, ck_ty), mask=mask)
+    tl.store(v_cache_ptr + v_off, _quantize(v, v_scale_ptr, h, FP8, FMAX, MBITS, EMIN, cv_ty), mask=mask)
 
 
 def unsupported(**_):
@@ -83,4 +105,6 @@ def run(k, v, k_cache, v_cache, slot_mapping, *, layout, geom, k_scale=None, v_s
         stride_cvdl=vs.dim_lo,
         D=d, BS=geom.block_size, BLOCK_D=triton.next_power_of_2(d), K_X=ks.x,
         K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1, FP8=fp8,
-        FMAX=float(torch.finfo(k_cache.dtype).max) if fp8 else 0.0, num_warps=1)
+        FMAX=float(torch.finfo(k_cache.dtype).max) if fp8 else 0.0,
+        MBITS=_FP8_GRID.get(k_cache.dtype, (0, 0))[0], EMIN=_FP8_GRID.get(k_cache.dtype, (0, 0))[1],
+        num_warps=1)
