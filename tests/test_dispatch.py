@@ -126,7 +126,9 @@ CASES = [
     ("paged_decode", "gfx936", F16, E4M3, 128, 16, 8, "torch", "reads fp8 as ['e5m2']"),
     ("paged_decode", "gfx942", BF16, E4M3, 128, 16, 8, "hip", "first backend"),
     ("paged_decode", "gfx942", BF16, BF16, 128, 1, 8, "triton", "block_size 1"),
-    ("paged_decode", "gfx942", BF16, BF16, 128, 16, 96, "triton", "group size 96"),
+    ("paged_decode", "gfx942", BF16, BF16, 256, 16, 8, "triton", "head_dim 256"),
+    ("paged_decode", "gfx942", BF16, BF16, 128, 16, 96, "hip", "first backend"),
+    ("extend_attention", "gfx942", BF16, E5M2, 128, 16, 8, "triton", "fp8 e5m2 caches"),
     ("paged_decode", "gfx950", BF16, BF16, 128, 16, 8, "triton", "not built for gfx950"),
     ("paged_decode", "sm_80", BF16, E4M3, 128, 16, 8, "torch", "reads fp8 as ['e5m2']"),
     ("paged_decode", "sm_90", BF16, BF16, 128, 16, 8, "hip", "first backend"),
@@ -160,7 +162,8 @@ def test_cpu_without_interpreter_is_torch():
 def test_features_and_layouts_route_away_from_hip():
     base = dict(dtype=BF16, head_dim=128, block_size=16, group=4)
     assert _sel("paged_decode", "gfx942", features={"sinks"}, **base).backend == "triton"
-    assert _sel("paged_decode", "gfx942", features={"window", "lse"}, **base).backend == "hip"
+    assert _sel("paged_decode", "gfx942", features={"window"}, **base).backend == "triton"
+    assert _sel("paged_decode", "gfx942", features={"lse"}, **base).backend == "hip"
     assert _sel("paged_decode", "gfx942", q_len=4, **base).backend == "triton"
     assert _sel("extend_attention", "gfx942", features={"tree_mask"}, **base).backend == "triton"
     assert _sel("paged_decode", "gfx942", **{**base, "layout": "vllm"}).backend == "triton"
@@ -180,8 +183,8 @@ def test_partition_size_rule():
     assert partition_size_for(4, 1024)[0] == 1024  # a multiple of the block size
 
 
-@pytest.mark.parametrize("group,expected", [(1, (4, 1)), (4, (4, 1)), (5, (8, 1)),
-                                            (17, (24, 1)), (33, (48, 1)), (64, (64, 1)),
+@pytest.mark.parametrize("group,expected", [(1, (1, 1)), (3, (4, 1)), (5, (8, 1)),
+                                            (17, (32, 1)), (33, (48, 1)), (64, (64, 1)),
                                             (100, (64, 2))])
 def test_reuse_kv_times_rounds_up(group, expected):
     assert reuse_kv_times(group) == expected
@@ -192,7 +195,7 @@ def test_one_pass_vs_split_kv():
     cus = dispatch.arch_facts("gfx942").num_cus
     few = _sel("paged_decode", "gfx942", num_seqs=2, num_kv_heads=8, **base)
     assert few.variant == "split_kv" and few.params["partition_size"] == 512
-    assert few.params["reuse_kv_times"] == 4
+    assert few.params["reuse_kv_times"] == 4 and few.params["head_groups"] == 1
     many = _sel("paged_decode", "gfx942", num_seqs=cus, num_kv_heads=8, **base)
     assert many.variant == "one_pass" and "partition_size" not in many.params
     short = _sel("paged_decode", "gfx942", num_seqs=1, num_kv_heads=8, max_seq_len=300, **base)
@@ -254,7 +257,7 @@ def test_forced_unsupported_backend_raises_with_reasons(monkeypatch, how):
     monkeypatch.delenv("PAGEDATTN_BACKEND", raising=False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET is not set"):
         pa.paged_decode(*args, backend="triton")
-    with pytest.raises(ValueError, match=r"head_dim 80 not in \[64, 128, 192, 256\]"):
+    with pytest.raises(ValueError, match=r"head_dim 80 not in \[64, 128\]"):
         select("paged_decode", "gfx942", dtype=F16, head_dim=80, block_size=16, group=2,
                backend="hip")
 

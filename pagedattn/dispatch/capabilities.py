@@ -84,19 +84,18 @@ TRITON = BackendCaps("triton", "pagedattn.triton_kernels", GPU_OR_INTERPRETER, {
     "copy_blocks": _ANY_COPY,
 })
 
-# hip: the hand-written fast path (HIP.md §4). Matrix units take fp16/bf16 only; head dims are
-# the instantiated templates (the DCU header's set); pages >= 16 because the delta-base
-# addressing needs page_size % BLOCK_N == 0 (§6.5: page 1 needs a per-lane 64-bit path);
-# REUSE_KV_TIMES specialisations stop at 64; V must be in a layout the kernels load (vllm's
-# x-split K is not). Features: window/soft-cap are masks in the score loop, LSE comes from the
-# combine; sinks, ALiBi, tree masks and the k_new/spec-decode paths are not written.
+# hip: the hand-written fast path (HIP.md §4; hip_kernels/csrc/attn_inst.cuh). Matrix units
+# take fp16/bf16 only; the instantiated head dims are 64 and 128 (launch_decode/launch_extend);
+# pages >= 16, a power of 2 (the kernel's precondition block: delta-base addressing needs
+# page_size % BLOCK_N == 0). Any group: REUSE_KV_TIMES tops out at 64 and larger groups take
+# several blocks per KV head (blocks_per_kv_head). Decode reads V plain or transposed
+# (bhsd/bshd, hcu) and fp8 KV; extend is instantiated for KV == q dtype, V not transposed.
+# Features: only LSE (AttnParams has no sinks, ALiBi, soft-cap, window, tree mask or k_new).
 HIP = BackendCaps("hip", "pagedattn.hip_kernels", HIP_BUILD, {
-    "paged_decode": OpCaps(HALFS, ("e4m3", "e5m2"), ("bhsd", "bshd", "hcu"),
-                           (64, 128, 192, 256), (16, 32, 64, 128, 256), 64,
-                           frozenset({"soft_cap", "window", "lse"})),
-    "extend_attention": OpCaps(HALFS, ("e4m3", "e5m2"), ("bhsd", "bshd", "hcu"),
-                               (64, 128, 192, 256), (16, 32, 64, 128, 256), 64,
-                               frozenset({"soft_cap", "window", "lse", "non_causal"})),
+    "paged_decode": OpCaps(HALFS, ("e4m3", "e5m2"), ("bhsd", "bshd", "hcu"), (64, 128),
+                           (16, 32, 64, 128, 256), None, frozenset({"lse"})),
+    "extend_attention": OpCaps(HALFS, (), ("bhsd", "bshd"), (64, 128), (16, 32, 64, 128, 256),
+                               None, frozenset({"lse"})),
 })
 
 CAPS = {c.name: c for c in (TORCH, TRITON, HIP)}
@@ -147,8 +146,7 @@ def unsupported(backend: str, op: str, arch: ArchFacts, *, dtype=None, kv_dtype=
     if block_size is not None and oc.block_sizes is not None and block_size not in oc.block_sizes:
         why.append(f"block_size {block_size} not in {list(oc.block_sizes)}")
     if group is not None and oc.max_group is not None and group > oc.max_group:
-        why.append(f"group size {group} > {oc.max_group}"
-                   + (" (largest REUSE_KV_TIMES specialisation)" if backend == "hip" else ""))
+        why.append(f"group size {group} > {oc.max_group}")
     if group is not None and oc.max_rows is not None and group * q_len > oc.max_rows:
         why.append(f"group * q_len = {group * q_len} query rows > {oc.max_rows}")
     missing = sorted(set(features) - oc.features)

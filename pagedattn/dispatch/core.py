@@ -67,8 +67,9 @@ PARTITION_SIZE, PARTITION_SIZE_BIG_GROUP, BIG_GROUP = 512, 256, 15
 # num_kv_heads fills the device"); 8 matches triton_kernels.paged_decode._mode. Retune from
 # the A/B table.
 FILL = 8
-# HIP decode template instantiations (HIP.md §4.1-4.2): the smallest REUSE >= group is used.
-REUSE_KV_TIMES = (4, 8, 16, 24, 32, 48, 64)
+# HIP decode template instantiations (hip_kernels/csrc/attn_inst.cuh PK_REUSEKV_SWITCH): the
+# smallest REUSE >= group; groups above 64 take ceil(group / 64) blocks per KV head.
+REUSE_KV_TIMES = (1, 2, 4, 8, 16, 32, 48, 64)
 
 
 class Decision(NamedTuple):
