@@ -1,5 +1,165 @@
-"""The ``hip`` backend: hand-written HIP/CUDA kernels built on first use."""
+"""The ``hip`` backend: hand-written HIP/CUDA kernels, one source tree (csrc/, docs/hip.md).
+
+* paged decode: grid over (KV head, sequence, partition), every KV tile read once for the whole
+  GQA group (REUSE_KV_TIMES), split-KV with a combine kernel; layouts bhsd/bshd/hcu; fp16/bf16
+  queries; fp16/bf16 or fp8 (e4m3/e5m2, per-KV-head scales) caches.
+* extend (prefix prefill): shifted causal mask, ragged batch, paged K/V read from the cache;
+  layouts bhsd/bshd; fp16/bf16.
+
+Anything else is reported by :func:`supports` as a reason, so dispatch falls back. The kernels are
+built on first use (:mod:`pagedattn.hip_kernels.build`).
+"""
+import functools
+import os
+from typing import List, Optional
+
+import torch
+
+from pagedattn import layouts as L
+
+LAYOUT_CODES = {"bhsd": 0, "bshd": 1, "hcu": 3}
+DECODE_LAYOUTS = ("bhsd", "bshd", "hcu")
+EXTEND_LAYOUTS = ("bhsd", "bshd")
+HEAD_DIMS = (64, 128)
+Q_DTYPES = (torch.float16, torch.bfloat16)
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+MFMA_ARCHS = {"gfx90a", "gfx940", "gfx941", "gfx942"}
+MMAC_ARCHS = {"gfx928", "gfx936", "gfx938", "gfx92a", "gfx946"}
+T_TILE = 64  # tokens per KV tile in the kernels; partitions are multiples of it
 
 
-def supports(op: str, **facts) -> list:
-    return ["the hip backend is not built yet"]
+@functools.lru_cache(maxsize=None)
+def _toolchain_reason() -> Optional[str]:
+    try:
+        from torch.utils import cpp_extension
+    except Exception as e:  # pragma: no cover
+        return f"torch.utils.cpp_extension unavailable: {e}"
+    if getattr(torch.version, "hip", None):
+        return None if cpp_extension.ROCM_HOME else "no ROCm/DTK toolkit found (ROCM_HOME)"
+    if torch.version.cuda is None:
+        return "torch has no CUDA/ROCm support"
+    return None if cpp_extension.CUDA_HOME else "no CUDA toolkit found (CUDA_HOME / nvcc)"
+
+
+@functools.lru_cache(maxsize=None)
+def _arch_reason(index: int) -> Optional[str]:
+    from pagedattn.hip_kernels.build import device_arch
+    arch = device_arch(index)
+    if arch.startswith("sm_"):
+        return None if int(arch[3:]) >= 80 else f"{arch}: needs sm_80+ (mma.sync bf16)"
+    if arch in MFMA_ARCHS or arch in MMAC_ARCHS:
+        return None
+    return f"{arch}: no MFMA/MMAC code path"
+
+
+def _aligned(t: torch.Tensor, epv: int) -> bool:
+    return t.data_ptr() % 16 == 0 and all(s % epv == 0 for s in t.stride()[:-1])
+
+
+def supports(op: str, **facts) -> List[str]:
+    """Reasons the hip backend cannot serve this call (empty: it can)."""
+    if op in ("store_kv", "copy_blocks"):
+        return [f"{op}: not implemented in hip"]
+    if op not in ("paged_decode", "extend_attention"):
+        return [f"unknown op {op!r}"]
+    why = []
+    q, k, layout, geom, opts = (facts.get(n) for n in ("q", "k_cache", "layout", "geom", "opts"))
+    if q is None or q.device.type != "cuda":
+        return ["needs tensors on a CUDA/ROCm device"]
+    tc = _toolchain_reason()
+    if tc:
+        why.append(tc)
+    else:
+        ar = _arch_reason(q.device.index if q.device.index is not None else 0)
+        if ar:
+            why.append(ar)
+    if q.dtype not in Q_DTYPES:
+        why.append(f"q dtype {q.dtype} (needs fp16/bf16)")
+    if op == "paged_decode":
+        if q.dim() != 3:
+            why.append("q_len > 1 (speculative decode) not supported")
+        if layout not in DECODE_LAYOUTS:
+            why.append(f"layout {layout!r} (decode supports {DECODE_LAYOUTS})")
+        if k is not None and k.dtype != q.dtype and k.dtype not in FP8:
+            why.append(f"cache dtype {k.dtype}")
+    else:
+        if layout not in EXTEND_LAYOUTS:
+            why.append(f"layout {layout!r} (extend supports {EXTEND_LAYOUTS})")
+        if k is not None and k.dtype != q.dtype:
+            why.append(f"extend cache dtype {k.dtype} (needs q's dtype; fp8 not supported)")
+        if facts.get("causal") is False:
+            why.append("causal=False not supported")
+        if facts.get("k_new") is not None:
+            why.append("k_new/v_new not supported (write them with store_kv first)")
+        if facts.get("custom_mask") is not None:
+            why.append("custom_mask not supported")
+    if geom is not None:
+        if geom.head_dim not in HEAD_DIMS:
+            why.append(f"head_dim {geom.head_dim} (supports {HEAD_DIMS})")
+        if geom.block_size < 16:
+            why.append(f"block_size {geom.block_size} (needs >= 16)")
+    if opts is not None:
+        for name in ("sinks", "logit_cap", "alibi_slopes", "sliding_window"):
+            if getattr(opts, name) is not None:
+                why.append(f"{name} not supported")
+    if k is not None and layout in LAYOUT_CODES and not _aligned(k, 16 // k.element_size()):
+        why.append("k_cache not 16-byte aligned (pointer or strides)")
+    if q.dim() >= 2 and (q.data_ptr() % 4 or any(s % 2 for s in q.stride()[:-1])):
+        why.append("q not 4-byte aligned (pointer or odd strides)")
+    return why
+
+
+def default_partition_size(group: int, requested: Optional[int]) -> int:
+    """512, or 256 when the GQA group exceeds 15 (reference §5.2.5); a requested size (call or
+    PAGEDATTN_PARTITION_SIZE, already folded into the call) is rounded up to a multiple of 64."""
+    p = requested if requested else (256 if group > 15 else 512)
+    return max(T_TILE, -(-p // T_TILE) * T_TILE)
+
+
+def _ops():
+    from pagedattn.hip_kernels import build
+    return build.load()
+
+
+def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd", scale=None,
+               k_scale=None, v_scale=None, partition_size=None, lse=None,
+               q_head_grid=False) -> None:
+    """Launch the decode kernel directly (no validation beyond the C++ host checks).
+
+    q_head_grid=True selects the upstream v1/v2 grid (one program per query head, each re-reading
+    its KV head) instead of the KV-head grid, for the §5.2.3 comparison in bench/bench_hip.py.
+    """
+    g = L.cache_geometry(k_cache, layout)
+    group = q.shape[1] // g.num_kv_heads
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    _ops().paged_decode(q, k_cache, v_cache, block_table, seq_lens, out, lse, k_scale, v_scale,
+                        LAYOUT_CODES[layout], float(scale),
+                        default_partition_size(group, partition_size), int(q_head_grid))
+
+
+def paged_decode(call):
+    """Serve a validated :class:`pagedattn.validation.DecodeCall`: writes call.out."""
+    q = call.q
+    lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+           if call.return_lse else None)
+    q_grid = os.environ.get("PAGEDATTN_HIP_GRID", "kv") == "q"
+    decode_raw(q, call.k_cache, call.v_cache, call.block_table, call.seq_lens, call.out,
+               layout=call.layout, scale=call.opts.scale, k_scale=call.opts.k_scale,
+               v_scale=call.opts.v_scale, partition_size=call.partition_size, lse=lse,
+               q_head_grid=q_grid)
+    return lse
+
+
+def extend_attention(call):
+    """Serve a validated :class:`pagedattn.validation.ExtendCall`: writes call.out."""
+    q = call.q
+    lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+           if call.return_lse else None)
+    max_q = call.max_q_len
+    if max_q is None:
+        cu = call.cu_seqlens_q
+        max_q = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0  # one host sync
+    _ops().extend_attention(q, call.k_cache, call.v_cache, call.block_table, call.cu_seqlens_q,
+                            call.seq_lens, call.out, lse, LAYOUT_CODES[call.layout],
+                            float(call.opts.scale), int(max_q))
+    return lse

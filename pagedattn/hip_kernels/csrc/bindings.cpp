@@ -1,0 +1,272 @@
+// bindings.cpp: torch custom ops torch.ops.pagedattn_hip.{paged_decode, extend_attention}.
+// Host code only (torch APIs, which hipify maps on ROCm). Every tensor is validated in the style
+// of flash-attention's flash_api.cpp before anything launches.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cmath>
+#include <optional>
+
+#include "attn_launch.h"
+
+namespace {
+
+#define PK_CHECK_DEVICE(x, dev) \
+  TORCH_CHECK((x).is_cuda() && (x).device() == (dev), #x " must be on device ", (dev), ", got ", (x).device())
+#define PK_CHECK_LAST_CONTIG(x) \
+  TORCH_CHECK((x).stride(-1) == 1, #x " must have a contiguous last dimension, got strides ", (x).strides())
+#define PK_CHECK_SHAPE(x, ...)                                                            \
+  TORCH_CHECK((x).sizes() == at::IntArrayRef({__VA_ARGS__}), #x " must have shape (" #__VA_ARGS__ \
+              "), got ", (x).sizes())
+#define PK_CHECK_DTYPE(x, dt) TORCH_CHECK((x).scalar_type() == (dt), #x " must be ", (dt), ", got ", (x).scalar_type())
+
+enum Layout : int64_t { kBhsd = 0, kBshd = 1, kHcu = 3 };
+
+pk::DType dtype_code(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return pk::kF16;
+    case at::kBFloat16: return pk::kBF16;
+    case at::kFloat8_e4m3fn: return pk::kE4M3;
+    case at::kFloat8_e5m2: return pk::kE5M2;
+    default: TORCH_CHECK(false, "unsupported dtype ", t);
+  }
+  return pk::kF16;  // unreachable
+}
+
+struct CacheGeom {
+  int64_t num_blocks, block_size, num_kv_heads, head_dim;
+};
+
+// Fill the cache strides of p for a layout and return (num_blocks, block_size, Hkv, D).
+CacheGeom cache_strides(const at::Tensor& k, const at::Tensor& v, int64_t layout, pk::AttnParams& p) {
+  TORCH_CHECK(k.dim() == 4 && v.dim() == 4, "k_cache and v_cache must be 4-D, got ", k.sizes(), " and ",
+              v.sizes());
+  CacheGeom g;
+  if (layout == kBshd) {  // [N, B, H, D]
+    g = {k.size(0), k.size(1), k.size(2), k.size(3)};
+    PK_CHECK_SHAPE(v, g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim);
+    p.k_stride_block = k.stride(0), p.k_stride_token = k.stride(1), p.k_stride_head = k.stride(2);
+    p.v_stride_block = v.stride(0), p.v_stride_token = v.stride(1), p.v_stride_head = v.stride(2);
+    p.v_stride_dim = 1;
+  } else {  // K [N, H, B, D]
+    TORCH_CHECK(layout == kBhsd || layout == kHcu, "layout must be 0 (bhsd), 1 (bshd) or 3 (hcu), got ", layout);
+    g = {k.size(0), k.size(2), k.size(1), k.size(3)};
+    p.k_stride_block = k.stride(0), p.k_stride_token = k.stride(2), p.k_stride_head = k.stride(1);
+    if (layout == kBhsd) {
+      PK_CHECK_SHAPE(v, g.num_blocks, g.num_kv_heads, g.block_size, g.head_dim);
+      p.v_stride_block = v.stride(0), p.v_stride_token = v.stride(2), p.v_stride_head = v.stride(1);
+      p.v_stride_dim = 1;
+    } else {  // V [N, H, D, B]
+      PK_CHECK_SHAPE(v, g.num_blocks, g.num_kv_heads, g.head_dim, g.block_size);
+      p.v_stride_block = v.stride(0), p.v_stride_head = v.stride(1), p.v_stride_dim = v.stride(2);
+      p.v_stride_token = v.stride(3);
+    }
+  }
+  PK_CHECK_LAST_CONTIG(k);
+  PK_CHECK_LAST_CONTIG(v);
+  TORCH_CHECK(g.head_dim == 64 || g.head_dim == 128, "head_dim must be 64 or 128, got ", g.head_dim);
+  TORCH_CHECK(g.block_size >= 16 && (g.block_size & (g.block_size - 1)) == 0,
+              "block_size must be a power of 2 >= 16, got ", g.block_size);
+  // 16-byte loads: aligned bases and strides in whole 16-byte vectors.
+  const int64_t epv = 16 / k.element_size();
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(k.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0,
+              "k_cache and v_cache must be 16-byte aligned");
+  for (int64_t s : {p.k_stride_block, p.k_stride_token, p.k_stride_head, p.v_stride_block,
+                    p.v_stride_head, layout == kHcu ? p.v_stride_dim : p.v_stride_token})
+    TORCH_CHECK(s % epv == 0, "cache strides must be multiples of ", epv, " elements, got k ",
+                k.strides(), " v ", v.strides());
+  return g;
+}
+
+void check_q_like(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.stride(-1) == 1, name, " must have a contiguous last dimension");
+  TORCH_CHECK(t.stride(0) % 2 == 0 && t.stride(1) % 2 == 0 &&
+                  reinterpret_cast<uintptr_t>(t.data_ptr()) % 4 == 0,
+              name, " must be 4-byte aligned with even strides, got ", t.strides());
+}
+
+void check_scale(const std::optional<at::Tensor>& s, const char* name, bool fp8, int64_t hkv,
+                 const at::Device& dev) {
+  if (!fp8) return;
+  TORCH_CHECK(s.has_value(), name, " is required for an fp8 cache");
+  PK_CHECK_DEVICE(*s, dev);
+  PK_CHECK_DTYPE(*s, at::kFloat);
+  TORCH_CHECK(s->dim() == 1 && s->size(0) == hkv && s->is_contiguous(), name,
+              " must be a contiguous float32 [num_kv_heads=", hkv, "], got ", s->sizes());
+}
+
+void paged_decode(const at::Tensor& q,            // [S, Hq, D]
+                  const at::Tensor& k_cache,      // layout-specific
+                  const at::Tensor& v_cache,
+                  const at::Tensor& block_table,  // int32 [>= S, W]
+                  const at::Tensor& seq_lens,     // int32 [S]
+                  at::Tensor& out,                // like q
+                  const std::optional<at::Tensor>& lse,      // float32 [S, Hq]
+                  const std::optional<at::Tensor>& k_scale,  // float32 [Hkv] (fp8)
+                  const std::optional<at::Tensor>& v_scale, int64_t layout, double scale,
+                  int64_t partition_size, int64_t q_head_grid) {
+  const at::Device dev = q.device();
+  TORCH_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
+  for (const at::Tensor* t : {&k_cache, &v_cache, &block_table, &seq_lens, &out})
+    TORCH_CHECK(t->is_cuda() && t->device() == dev, "all tensors must be on ", dev);
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k_cache and v_cache dtypes differ");
+  const auto kvt = k_cache.scalar_type();
+  const bool fp8 = kvt == at::kFloat8_e4m3fn || kvt == at::kFloat8_e5m2;
+  TORCH_CHECK(fp8 || kvt == q.scalar_type(), "cache dtype must equal q's or be fp8, got ", kvt);
+  TORCH_CHECK(q.dim() == 3, "q must be [num_seqs, num_q_heads, head_dim], got ", q.sizes());
+  check_q_like(q, "q");
+
+  pk::AttnParams p{};
+  const CacheGeom g = cache_strides(k_cache, v_cache, layout, p);
+  const int64_t S = q.size(0), Hq = q.size(1), D = q.size(2);
+  TORCH_CHECK(D == g.head_dim, "q head_dim ", D, " != cache head_dim ", g.head_dim);
+  TORCH_CHECK(Hq % g.num_kv_heads == 0, "num_q_heads ", Hq, " % num_kv_heads ", g.num_kv_heads, " != 0");
+  PK_CHECK_DTYPE(block_table, at::kInt);
+  TORCH_CHECK(block_table.dim() == 2 && block_table.size(0) >= S, "block_table must be [>= num_seqs, W]");
+  PK_CHECK_LAST_CONTIG(block_table);
+  PK_CHECK_DTYPE(seq_lens, at::kInt);
+  PK_CHECK_SHAPE(seq_lens, S);
+  TORCH_CHECK(seq_lens.is_contiguous(), "seq_lens must be contiguous");
+  PK_CHECK_DTYPE(out, q.scalar_type());
+  PK_CHECK_SHAPE(out, S, Hq, D);
+  check_q_like(out, "out");
+  if (lse) {
+    PK_CHECK_DEVICE(*lse, dev);
+    PK_CHECK_DTYPE(*lse, at::kFloat);
+    PK_CHECK_SHAPE(*lse, S, Hq);
+    TORCH_CHECK(lse->is_contiguous(), "lse must be contiguous");
+  }
+  check_scale(k_scale, "k_scale", fp8, g.num_kv_heads, dev);
+  check_scale(v_scale, "v_scale", fp8, g.num_kv_heads, dev);
+  TORCH_CHECK(partition_size > 0 && partition_size % 64 == 0, "partition_size must be a positive multiple of 64");
+  TORCH_CHECK(std::isfinite(scale) && scale > 0, "scale must be finite and > 0");
+  if (S == 0) return;
+
+  const c10::cuda::CUDAGuard guard(dev);
+  const int64_t G = Hq / g.num_kv_heads;
+  const int64_t capacity = block_table.size(1) * g.block_size;
+  p.q = q.data_ptr();
+  p.out = out.data_ptr();
+  p.lse = lse ? lse->data_ptr<float>() : nullptr;
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  p.block_table = block_table.data_ptr<int>();
+  p.seq_lens = seq_lens.data_ptr<int>();
+  p.k_scale = fp8 ? k_scale->data_ptr<float>() : nullptr;
+  p.v_scale = fp8 ? v_scale->data_ptr<float>() : nullptr;
+  p.q_stride_tok = q.stride(0), p.q_stride_head = q.stride(1);
+  p.o_stride_tok = out.stride(0), p.o_stride_head = out.stride(1);
+  p.table_stride = block_table.stride(0);
+  p.num_seqs = S, p.num_q_heads = Hq, p.num_kv_heads = g.num_kv_heads, p.group = G;
+  p.heads_per_block = q_head_grid ? 1 : std::min<int64_t>(G, 64);
+  p.blocks_per_kv_head = (G + p.heads_per_block - 1) / p.heads_per_block;
+  p.page_size = g.block_size;
+  p.partition_size = partition_size;
+  p.max_partitions = std::max<int64_t>(1, (capacity + partition_size - 1) / partition_size);
+  TORCH_CHECK(p.max_partitions < 65536 && S < 65536, "grid too large");
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);  // exp2 domain
+
+  at::Tensor tmp, ml, es;
+  if (p.max_partitions > 1) {
+    const auto f32 = q.options().dtype(at::kFloat);
+    tmp = at::empty({S, Hq, p.max_partitions, D}, f32);
+    ml = at::empty({S, Hq, p.max_partitions}, f32);
+    es = at::empty({S, Hq, p.max_partitions}, f32);
+    p.tmp_out = tmp.data_ptr<float>();
+    p.max_logits = ml.data_ptr<float>();
+    p.exp_sums = es.data_ptr<float>();
+  }
+  void* stream = at::cuda::getCurrentCUDAStream().stream();
+  const char* err = pk::launch_decode(p, dtype_code(q.scalar_type()), dtype_code(kvt), D, layout == kHcu, stream);
+  TORCH_CHECK(err == nullptr, "pagedattn_hip.paged_decode launch failed: ", err);
+}
+
+void extend_attention(const at::Tensor& q,             // [T, Hq, D]
+                      const at::Tensor& k_cache, const at::Tensor& v_cache,
+                      const at::Tensor& block_table,   // int32 [>= S, W]
+                      const at::Tensor& cu_seqlens_q,  // int32 [S + 1]
+                      const at::Tensor& seq_lens,      // int32 [S]
+                      at::Tensor& out,                 // like q
+                      const std::optional<at::Tensor>& lse,  // float32 [T, Hq]
+                      int64_t layout, double scale, int64_t max_q_len) {
+  const at::Device dev = q.device();
+  TORCH_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
+  for (const at::Tensor* t : {&k_cache, &v_cache, &block_table, &cu_seqlens_q, &seq_lens, &out})
+    TORCH_CHECK(t->is_cuda() && t->device() == dev, "all tensors must be on ", dev);
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
+  PK_CHECK_DTYPE(k_cache, q.scalar_type());
+  PK_CHECK_DTYPE(v_cache, q.scalar_type());
+  TORCH_CHECK(layout == kBhsd || layout == kBshd, "extend supports layouts bhsd (0) and bshd (1)");
+  TORCH_CHECK(q.dim() == 3, "q must be [tokens, num_q_heads, head_dim], got ", q.sizes());
+  check_q_like(q, "q");
+  pk::AttnParams p{};
+  const CacheGeom g = cache_strides(k_cache, v_cache, layout, p);
+  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
+  TORCH_CHECK(D == g.head_dim, "q head_dim ", D, " != cache head_dim ", g.head_dim);
+  TORCH_CHECK(Hq % g.num_kv_heads == 0, "num_q_heads ", Hq, " % num_kv_heads ", g.num_kv_heads, " != 0");
+  PK_CHECK_DTYPE(cu_seqlens_q, at::kInt);
+  TORCH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1 && cu_seqlens_q.is_contiguous(),
+              "cu_seqlens_q must be a contiguous int32 [num_seqs + 1]");
+  const int64_t S = cu_seqlens_q.size(0) - 1;
+  PK_CHECK_DTYPE(seq_lens, at::kInt);
+  PK_CHECK_SHAPE(seq_lens, S);
+  TORCH_CHECK(seq_lens.is_contiguous(), "seq_lens must be contiguous");
+  PK_CHECK_DTYPE(block_table, at::kInt);
+  TORCH_CHECK(block_table.dim() == 2 && block_table.size(0) >= S, "block_table must be [>= num_seqs, W]");
+  PK_CHECK_LAST_CONTIG(block_table);
+  PK_CHECK_DTYPE(out, q.scalar_type());
+  PK_CHECK_SHAPE(out, T, Hq, D);
+  check_q_like(out, "out");
+  if (lse) {
+    PK_CHECK_DEVICE(*lse, dev);
+    PK_CHECK_DTYPE(*lse, at::kFloat);
+    PK_CHECK_SHAPE(*lse, T, Hq);
+    TORCH_CHECK(lse->is_contiguous(), "lse must be contiguous");
+  }
+  TORCH_CHECK(max_q_len >= 0, "max_q_len must be >= 0");
+  TORCH_CHECK(std::isfinite(scale) && scale > 0, "scale must be finite and > 0");
+  if (S == 0 || T == 0 || max_q_len == 0) return;
+
+  const c10::cuda::CUDAGuard guard(dev);
+  p.q = q.data_ptr();
+  p.out = out.data_ptr();
+  p.lse = lse ? lse->data_ptr<float>() : nullptr;
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  p.block_table = block_table.data_ptr<int>();
+  p.seq_lens = seq_lens.data_ptr<int>();
+  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int>();
+  p.q_stride_tok = q.stride(0), p.q_stride_head = q.stride(1);
+  p.o_stride_tok = out.stride(0), p.o_stride_head = out.stride(1);
+  p.table_stride = block_table.stride(0);
+  p.num_seqs = S, p.num_q_heads = Hq, p.num_kv_heads = g.num_kv_heads, p.group = Hq / g.num_kv_heads;
+  p.page_size = g.block_size;
+  p.num_m_blocks = (max_q_len + 63) / 64;
+  TORCH_CHECK(Hq < 65536 && S < 65536, "grid too large");
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  void* stream = at::cuda::getCurrentCUDAStream().stream();
+  const char* err = pk::launch_extend(p, dtype_code(q.scalar_type()), D, stream);
+  TORCH_CHECK(err == nullptr, "pagedattn_hip.extend_attention launch failed: ", err);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(pagedattn_hip, m) {
+  m.def(
+      "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
+      "Tensor(a!) out, Tensor(b!)? lse, Tensor? k_scale, Tensor? v_scale, int layout, float scale, "
+      "int partition_size, int q_head_grid) -> ()");
+  m.def(
+      "extend_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
+      "Tensor cu_seqlens_q, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, int layout, "
+      "float scale, int max_q_len) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(pagedattn_hip, CUDA, m) {
+  m.impl("paged_decode", &paged_decode);
+  m.impl("extend_attention", &extend_attention);
+}
