@@ -4,13 +4,14 @@ CPU: the kernels run under TRITON_INTERPRET=1 (slow), so each test is a few tiny
 Both launch shapes (one-pass and split-KV + combine) are forced through
 ``paged_decode.FORCE_MODE``. Real sizes, bf16 and the int32-overflow case are `gpu` tests.
 """
+import importlib
 import random
 
 import pytest
 import torch
 
 import pagedattn as pa
-from pagedattn.triton_kernels import paged_decode as PD
+PD = importlib.import_module("pagedattn.triton_kernels.paged_decode")  # the module, not the router fn
 from attn_utils import (FP8, assert_attn_close, assert_lse_close, dense_attention, dense_kv,
                         make_paged_batch, tol_key)
 
@@ -271,3 +272,17 @@ def test_gpu_int32_overflow(device, mode_guard):
         PD.FORCE_MODE = mode
         out = pa.paged_decode(q, k_cache, v_cache, table, lens, backend="triton")
         assert_attn_close(out[0], ro, torch.float16)
+
+
+def test_forced_modes_take_effect(device, mode_guard, monkeypatch):
+    """FORCE_MODE really selects the launch shape (guards the tests above)."""
+    seen = []
+    real = PD._mode
+    monkeypatch.setattr(PD, "_mode", lambda *a: seen.append(real(*a)) or seen[-1])
+    gen = torch.Generator().manual_seed(1)
+    b = make_paged_batch([20], num_kv_heads=1, head_dim=64, block_size=4, layout="bhsd",
+                         dtype=torch.float16, device=device, gen=gen)
+    q = torch.randn(1, 2, 64, generator=gen).to(device=device, dtype=torch.float16)
+    for mode in MODES:
+        _decode(b, q, mode=mode, partition_size=16)
+    assert seen == MODES

@@ -1,0 +1,205 @@
+"""Paged decode benchmark (issue 4): Triton kernel vs torch SDPA vs FlashInfer, % of read BW.
+
+Shapes: Hq/Hkv 32/8 and 32/32, D 128, bf16, block 16 and 64, (batch, ctx) in
+(1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512); layout bhsd (= FlashInfer HND).
+
+* time: ``triton.testing.do_bench`` median. Every KV cache here is >= 134 MB, well past the
+  H200's 60 MB L2, so the KV reads come from HBM (cold L2) without rotating inputs.
+* bytes: K + V bytes read + q bytes read + out bytes written.
+* ceiling: read bandwidth measured in the same run as ``x.sum()`` over a 4 GiB bf16 tensor
+  (bytes read / time; a reduction writes nothing). ``frac`` = achieved / that.
+* peers: torch SDPA on contiguous [B, H, ctx, D] K/V (``enable_gqa``), and FlashInfer's
+  ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)`` when ``import flashinfer``
+  works (it JIT-compiles at first use). Every peer is wrapped in try/except: a failure is a
+  note in the table, never a crash.
+
+Usage: ``python -m bench.bench_decode [--quick] [--out DIR] [--mode one_pass|split]``.
+On a CPU it runs one tiny shape under the Triton interpreter and says so (timings meaningless).
+"""
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SHAPES = [(1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512)]
+HEADS = [(32, 8), (32, 32)]
+BLOCKS = [16, 64]
+D = 128
+
+
+def _commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], text=True,
+                              capture_output=True, cwd=Path(__file__).resolve().parents[1],
+                              timeout=10).stdout.strip() or "unknown"
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _bench(fn, device):
+    import time
+
+    if device == "cuda":
+        import triton
+
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+    fn()
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e6
+
+
+def read_bandwidth(device):
+    """Bytes/s of x.sum() over a large tensor: the read ceiling (reads only)."""
+    import torch
+
+    n = (4 << 30) // 2 if device == "cuda" else (16 << 20) // 2
+    x = torch.ones(n, dtype=torch.bfloat16, device=device)
+    us = _bench(lambda: x.sum(dtype=torch.float32), device)
+    del x
+    return n * 2 / (us * 1e-6)
+
+
+def _case(batch, ctx, hq, hkv, bs, dtype, device, gen):
+    import torch
+
+    import pagedattn as pa
+
+    pages = (ctx + bs - 1) // bs
+    nblocks = batch * pages + 1
+    k, v = pa.make_kv_cache(nblocks, bs, hkv, D, layout="bhsd", dtype=dtype, device=device)
+    k.normal_(generator=gen)
+    v.normal_(generator=gen)
+    perm = torch.randperm(nblocks - 1, device=device, generator=gen) + 1  # scattered pages
+    table = perm.view(batch, pages).to(torch.int32)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+    q = torch.randn(batch, hq, D, dtype=dtype, device=device, generator=gen)
+    return q, k, v, table, lens
+
+
+def _sdpa(q, k, v, table, lens, bs):
+    """torch SDPA on contiguous K/V gathered once (not timed): [B, Hkv, ctx, D]."""
+    import torch
+
+    b, hq, d = q.shape
+    ctx = int(lens[0])
+    kd = k[table.long()].permute(0, 2, 1, 3, 4).reshape(b, k.shape[1], -1, d)[:, :, :ctx]
+    vd = v[table.long()].permute(0, 2, 1, 3, 4).reshape(b, v.shape[1], -1, d)[:, :, :ctx]
+    kd, vd = kd.contiguous(), vd.contiguous()
+    q4 = q.unsqueeze(2)
+    f = torch.nn.functional.scaled_dot_product_attention
+    return lambda: f(q4, kd, vd, enable_gqa=kd.shape[1] != hq)
+
+
+def _flashinfer(q, k, v, table, lens, bs):
+    import flashinfer
+    import torch
+
+    b, hq, d = q.shape
+    pages = table.shape[1]
+    indptr = torch.arange(0, (b + 1) * pages, pages, dtype=torch.int32, device=q.device)
+    indices = table.reshape(-1).contiguous()
+    last = ((lens - 1) % bs + 1).to(torch.int32)
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device=q.device)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "HND", use_tensor_cores=True)
+    w.plan(indptr, indices, last, hq, k.shape[1], d, bs, q_data_type=q.dtype,
+           kv_data_type=k.dtype)
+    return lambda: w.run(q, (k, v))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one head config, block 16, 3 shapes")
+    ap.add_argument("--out", default=None, help="directory for bench_decode.{csv,md}")
+    ap.add_argument("--mode", default=None, choices=["one_pass", "split"],
+                    help="force the launch shape (default: the kernel's rule)")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import pandas as pd
+    from tabulate import tabulate
+
+    import pagedattn as pa
+    import importlib
+
+    PD = importlib.import_module("pagedattn.triton_kernels.paged_decode")  # module, not router
+
+    PD.FORCE_MODE = args.mode
+    gen = torch.Generator(device=device).manual_seed(0)
+    if device == "cuda":
+        dtype = torch.bfloat16
+        shapes, heads, blocks = SHAPES, HEADS, BLOCKS
+        if args.quick:
+            shapes, heads, blocks = [(1, 32768), (64, 4096), (256, 2048)], HEADS[:1], BLOCKS[:1]
+        dev_name = torch.cuda.get_device_name(0)
+    else:  # interpreter smoke: fp16 (the interpreter's bf16 dot is wrong), one tiny shape
+        dtype = torch.float16
+        shapes, heads, blocks = [(2, 40)], [(8, 2)], [16]
+        dev_name = "CPU (Triton interpreter: timings NOT meaningful, smoke run only)"
+    bw = read_bandwidth(device)
+    try:
+        import flashinfer  # noqa: F401
+        fi_note = "available"
+    except Exception as e:  # noqa: BLE001
+        fi_note = f"unavailable ({type(e).__name__})"
+    rows = []
+    for hq, hkv in heads:
+        for bs in blocks:
+            for batch, ctx in shapes:
+                try:
+                    q, k, v, table, lens = _case(batch, ctx, hq, hkv, bs, dtype, device, gen)
+                except Exception as e:  # noqa: BLE001 (e.g. out of memory)
+                    rows.append(dict(Hq=hq, Hkv=hkv, block=bs, batch=batch, ctx=ctx,
+                                     note=f"setup failed: {e}"[:80]))
+                    continue
+                nbytes = 2 * batch * ctx * hkv * D * k.element_size() + 2 * q.numel() * 2
+                mode = args.mode or PD._mode(batch, hkv, q.device)
+                row = dict(Hq=hq, Hkv=hkv, block=bs, batch=batch, ctx=ctx, mode=mode,
+                           MB=round(nbytes / 1e6, 1))
+                out = torch.empty_like(q)
+                peers = {"triton": lambda: (lambda: pa.paged_decode(
+                    q, k, v, table, lens, backend="triton", out=out, validate=False))}
+                if device == "cuda":
+                    peers["sdpa"] = lambda: _sdpa(q, k, v, table, lens, bs)
+                    if fi_note == "available":
+                        peers["flashinfer"] = lambda: _flashinfer(q, k, v, table, lens, bs)
+                notes = []
+                for name, make in peers.items():
+                    try:
+                        fn = make()
+                        us = _bench(fn, device)
+                        row[f"{name}_us"] = round(us, 1)
+                        row[f"{name}_frac"] = round(nbytes / (us * 1e-6) / bw, 3)
+                        fn = None
+                    except Exception as e:  # noqa: BLE001
+                        notes.append(f"{name}: {type(e).__name__}: {e}"[:100])
+                row["note"] = "; ".join(notes)
+                rows.append(row)
+                del q, k, v, table, lens, out
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+    df = pd.DataFrame(rows)
+    header = (f"# paged decode bench\n\ndate {datetime.datetime.now().isoformat(timespec='seconds')}"
+              f" | commit {_commit()} | device {dev_name} | dtype {dtype} | D {D} | layout bhsd"
+              f"\n\nread bandwidth (x.sum over a large tensor, bytes read / time): "
+              f"{bw / 1e9:.0f} GB/s; frac = (K+V+q+out bytes / time) / that; "
+              f"flashinfer {fi_note}\n")
+    table_md = tabulate(df, headers="keys", tablefmt="github", showindex=False)
+    print(header)
+    print(table_md)
+    if args.out:
+        outdir = Path(args.out)
+        outdir.mkdir(parents=True, exist_ok=True)
+        df.to_csv(outdir / "bench_decode.csv", index=False)
+        (outdir / "bench_decode.md").write_text(header + "\n" + table_md + "\n")
+    return df
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() is not None else 1)
