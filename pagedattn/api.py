@@ -90,7 +90,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     partition_size = V.check_partition_size(partition_size)
     out = V.check_out(out, q)
     name, impl = dispatch.resolve("paged_decode", backend, q=q, k_cache=k_cache, layout=layout,
-                                  geom=g, opts=opts)
+                                  geom=g, opts=opts, return_lse=return_lse,
+                                  block_table=block_table, partition_size=partition_size)
     val = V.validate_enabled(validate, name)
     if val:
         V._check_scale_values("k_scale", opts.k_scale)
@@ -203,7 +204,8 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = V.check_out(out, q)
     name, impl = dispatch.resolve("extend_attention", backend, q=q, k_cache=k_cache,
                                   layout=layout, geom=g, opts=opts, causal=causal,
-                                  k_new=k_new, custom_mask=custom_mask)
+                                  k_new=k_new, custom_mask=custom_mask, return_lse=return_lse,
+                                  block_table=block_table)
     # The query count is always checked: it sizes the grid (one host read of one int).
     if cu_seqlens_q.numel() and int(cu_seqlens_q[-1]) != q.shape[0]:
         raise ValueError(f"cu_seqlens_q: last entry {int(cu_seqlens_q[-1])} must equal q's "
