@@ -188,7 +188,7 @@ def main(argv=None):
     header = (f"# paged decode bench\n\ndate {datetime.datetime.now().isoformat(timespec='seconds')}"
               f" | commit {_commit()} | device {dev_name} | dtype {dtype} | D {D} | layout bhsd"
               f"\n\nread bandwidth (x.sum over a large tensor, bytes read / time): "
-              f"{bw / 1e9:.0f} GB/s; frac = (K+V+q+out bytes / time) / that; "
+              f"{bw / 1e9:.2f} GB/s; frac = (K+V+q+out bytes / time) / that; "
               f"flashinfer {fi_note}\n")
     table_md = tabulate(df, headers="keys", tablefmt="github", showindex=False)
     print(header)
