@@ -25,6 +25,9 @@ from pagedattn.triton_kernels import _extend_configs as C
 from pagedattn.triton_kernels._common import (LN2, LOG2E, alibi_bias, finalize_state, kv_offset,
                                               online_softmax_step, soft_cap, visible)
 
+_LOG2E = tl.constexpr(LOG2E)  # jit code may read globals only as constexpr
+_LN2 = tl.constexpr(LN2)
+
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
@@ -55,9 +58,9 @@ def _step(acc, m_i, l_i, q, k, v, vis, jpos, row_pos, qk_scale, logit_cap, slope
     """One online-softmax update in base 2. q [M, D_P], k [D_P, N], v [N, D_P]; acc [M, D_P]."""
     qk = _dot(q, k, IEEE)  # [M, N] fp32
     if HAS_CAP:
-        s = soft_cap(qk * qk_scale, logit_cap) * LOG2E
+        s = soft_cap(qk * qk_scale, logit_cap) * _LOG2E
     else:
-        s = qk * (qk_scale * LOG2E)
+        s = qk * (qk_scale * _LOG2E)
     if HAS_ALIBI:  # slope2 is already in base 2
         s += alibi_bias(slope2[:, None], jpos[None, :], row_pos[:, None])
     if MASKED:
@@ -205,7 +208,7 @@ def _extend_fwd(
     scale_2 = scale_1 if NEW_FROM_CACHE else sm_scale
     slope2 = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_ALIBI:
-        slope2 = tl.load(alibi_ptr + head, mask=hg < GROUP, other=0.0) * LOG2E
+        slope2 = tl.load(alibi_ptr + head, mask=hg < GROUP, other=0.0) * _LOG2E
     mask_row = tl.zeros([BLOCK_M], dtype=tl.int64)
     if HAS_MASK:
         mask_row = tl.load(mask_indptr_ptr + b).to(tl.int64) + row_tok * lk  # [M]
@@ -262,14 +265,14 @@ def _extend_fwd(
     # Epilogue: normalise (sinks join the denominator only), v_scale, store; empty rows -> 0/-inf.
     sink2 = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_SINKS:
-        sink2 = tl.load(sinks_ptr + head, mask=hg < GROUP, other=0.0) * LOG2E
+        sink2 = tl.load(sinks_ptr + head, mask=hg < GROUP, other=0.0) * _LOG2E
     o, lse2 = finalize_state(m_i, l_i, acc, sink2, HAS_SINKS)  # [M, D_P], [M]
     if KV_FP8:
         o = o * tl.load(vscale_ptr + kvh)
     o_off = (q0 + row_tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
     tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     if RETURN_LSE:
-        tl.store(lse_ptr + (q0 + row_tok) * stride_lt + head * stride_lh, lse2 * LN2, mask=row_ok)
+        tl.store(lse_ptr + (q0 + row_tok) * stride_lt + head * stride_lh, lse2 * _LN2, mask=row_ok)
 
 
 # ----------------------------------------------------------------------------------------------
