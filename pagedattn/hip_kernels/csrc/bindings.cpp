@@ -3,10 +3,11 @@
 // of flash-attention's flash_api.cpp before anything launches.
 #include <torch/library.h>
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <optional>
 
 #include "attn_launch.h"
@@ -110,7 +111,7 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
                   int64_t partition_size, int64_t q_head_grid) {
   const at::Device dev = q.device();
   TORCH_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
-  for (const at::Tensor* t : {&k_cache, &v_cache, &block_table, &seq_lens, &out})
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k_cache, &v_cache, &block_table, &seq_lens, &out})
     TORCH_CHECK(t->is_cuda() && t->device() == dev, "all tensors must be on ", dev);
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k_cache and v_cache dtypes differ");
@@ -180,7 +181,7 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
     p.max_logits = ml.data_ptr<float>();
     p.exp_sums = es.data_ptr<float>();
   }
-  void* stream = at::cuda::getCurrentCUDAStream().stream();
+  void* stream = c10::cuda::getCurrentCUDAStream().stream();
   const char* err = pk::launch_decode(p, dtype_code(q.scalar_type()), dtype_code(kvt), D, layout == kHcu, stream);
   TORCH_CHECK(err == nullptr, "pagedattn_hip.paged_decode launch failed: ", err);
 }
@@ -195,7 +196,7 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
                       int64_t layout, double scale, int64_t max_q_len) {
   const at::Device dev = q.device();
   TORCH_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
-  for (const at::Tensor* t : {&k_cache, &v_cache, &block_table, &cu_seqlens_q, &seq_lens, &out})
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k_cache, &v_cache, &block_table, &cu_seqlens_q, &seq_lens, &out})
     TORCH_CHECK(t->is_cuda() && t->device() == dev, "all tensors must be on ", dev);
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
   PK_CHECK_DTYPE(k_cache, q.scalar_type());
@@ -248,7 +249,7 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
   p.num_m_blocks = (max_q_len + 63) / 64;
   TORCH_CHECK(Hq < 65536 && S < 65536, "grid too large");
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-  void* stream = at::cuda::getCurrentCUDAStream().stream();
+  void* stream = c10::cuda::getCurrentCUDAStream().stream();
   const char* err = pk::launch_extend(p, dtype_code(q.scalar_type()), D, stream);
   TORCH_CHECK(err == nullptr, "pagedattn_hip.extend_attention launch failed: ", err);
 }

@@ -1,0 +1,198 @@
+"""The hip backend (CUDA build on the H200; ROCm/DTK builds alike) vs the float64 oracle.
+
+TESTING.md §D1 (oracle, tolerances), §D2 (grid: dtypes, layouts, GQA, head dims, block sizes,
+seq_len 1 / exact multiples / empty rows, ragged extend with prefix 0 and non-multiples), §D5
+(poisoned caches everywhere; element offsets past 2^31). The first test JIT-compiles the
+extension (minutes; the time is printed); later runs reuse ~/.cache/pagedattn/hip-<hash>.
+"""
+import itertools
+import time
+
+import pytest
+import torch
+
+import pagedattn as pa
+from attn_utils import (FP8, assert_attn_close, assert_lse_close, dense_attention, dense_kv,
+                        make_paged_batch, tol_key)
+
+pytestmark = pytest.mark.gpu
+
+HEADS = [(8, 8), (16, 4), (32, 4)]  # GQA 1, 4, 8
+DTYPES = [(q, kv) for q in (torch.float16, torch.bfloat16)
+          for kv in (q, torch.float8_e4m3fn, torch.float8_e5m2)]
+LAYOUTS = ["bhsd", "bshd", "hcu"]
+DIM_BLOCK = [(128, 16), (64, 64), (128, 64), (64, 16)]  # (head_dim, block_size), cycled
+# seq_len 1, a whole KV tile, empty, one past a page, several partitions (256 with group > 15)
+# and an exact multiple of the 512 partition.
+LENS = [1, 64, 0, 65, 700, 1024]
+
+
+def _id(x):
+    return str(x).replace("torch.", "").replace("float8_", "")
+
+
+DECODE_CASES = [(q, kv, lay, heads) + DIM_BLOCK[i % len(DIM_BLOCK)]
+                for i, ((q, kv), lay, heads) in enumerate(itertools.product(DTYPES, LAYOUTS, HEADS))]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    """Build (or load) the extension once and report how long it took."""
+    from pagedattn.hip_kernels import build
+    t0 = time.time()
+    try:
+        build.load()
+    except Exception as e:  # a broken toolchain is a failure here, not a skip
+        pytest.fail(f"hip backend build failed: {e}")
+    print(f"\nhip backend ready in {time.time() - t0:.1f} s")
+
+
+def _check_decode(b, q, out, lse, lens, kv):
+    key = tol_key(q.dtype, kv)
+    d = q.shape[-1]
+    for i, n in enumerate(lens):
+        if n == 0:
+            assert torch.all(out[i] == 0), "empty sequence: output not exactly zero"
+            if lse is not None:
+                assert torch.all(torch.isneginf(lse[i])), "empty sequence: lse not -inf"
+            continue
+        k, v = dense_kv(b, i, n)
+        ro, rl = dense_attention(q[i:i + 1].cpu(), k.cpu(), v.cpu(), [n - 1], scale=d ** -0.5)
+        assert_attn_close(out[i:i + 1], ro, key, what=f"seq {i} (len {n})",
+                          magnitude_guard=False)
+        if lse is not None:
+            assert_lse_close(lse[i:i + 1], rl, key)
+
+
+def _batch(lens, hkv, d, bs, layout, kv, seed=0, **kw):
+    gen = torch.Generator().manual_seed(seed)
+    return make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
+                            dtype=kv, device="cuda", gen=gen, **kw), gen
+
+
+@pytest.mark.parametrize("dtype,kv,layout,heads,d,bs", DECODE_CASES, ids=_id)
+def test_decode_vs_oracle(dtype, kv, layout, heads, d, bs):
+    hq, hkv = heads
+    b, gen = _batch(LENS, hkv, d, bs, layout, kv)
+    q = torch.randn(len(LENS), hq, d, generator=gen).to("cuda", dtype)
+    out, lse = pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, layout=layout,
+                               k_scale=b.k_scale, v_scale=b.v_scale, backend="hip",
+                               return_lse=True)
+    _check_decode(b, q, out, lse, LENS, kv)
+
+
+@pytest.mark.parametrize("partition_size", [64, 128, 2048])
+@pytest.mark.parametrize("q_head_grid", [False, True])
+def test_decode_partitions_and_grids(partition_size, q_head_grid):
+    """Split-KV with many partitions / a single pass, and the Q-head grid variant."""
+    from pagedattn import hip_kernels as H
+    lens = [1, 300, 1500, 0]
+    b, gen = _batch(lens, 2, 128, 16, "bhsd", torch.bfloat16, seed=1)
+    q = torch.randn(len(lens), 16, 128, generator=gen).to("cuda", torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:-1], float("nan"), device="cuda")
+    H.decode_raw(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, out, layout="bhsd",
+                 partition_size=partition_size, lse=lse, q_head_grid=q_head_grid)
+    _check_decode(b, q, out, lse, lens, torch.bfloat16)
+
+
+@pytest.mark.parametrize("heads", [(64, 1), (80, 1), (48, 2)], ids=_id)
+def test_decode_large_groups(heads):
+    """REUSE_KV_TIMES 64 and 48, and a group larger than 64 (two head groups per KV head)."""
+    hq, hkv = heads
+    lens = [37, 513]
+    b, gen = _batch(lens, hkv, 64, 16, "bshd", torch.float16, seed=2)
+    q = torch.randn(len(lens), hq, 64, generator=gen).to("cuda", torch.float16)
+    out = pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, layout="bshd",
+                          backend="hip")
+    _check_decode(b, q, out, None, lens, torch.float16)
+
+
+def test_decode_noncontiguous_cache_and_q_slice():
+    """A padded cache view and q as a slice of a fused qkv tensor (TESTING §D2 strides)."""
+    lens = [17, 200]
+    b, gen = _batch(lens, 2, 128, 16, "bhsd", torch.float16, seed=3, contiguous=False)
+    qkv = torch.randn(len(lens), 8 + 2 * 2, 128, generator=gen).to("cuda", torch.float16)
+    q = qkv[:, :8]
+    out = pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, backend="hip")
+    _check_decode(b, q, out, None, lens, torch.float16)
+
+
+EXTEND_CASES = [(dt, lay, heads, d) for dt in (torch.float16, torch.bfloat16)
+                for lay in ("bhsd", "bshd") for heads in HEADS for d in (64, 128)]
+
+
+@pytest.mark.parametrize("dtype,layout,heads,d", EXTEND_CASES, ids=_id)
+def test_extend_vs_oracle(dtype, layout, heads, d):
+    hq, hkv = heads
+    lq = [1, 70, 5, 130, 64]
+    lens = [1, 70, 100, 300, 64 + 128]  # prefix 0, 0, 95, 170, 128
+    bs = 16 if d == 128 else 64
+    b, gen = _batch(lens, hkv, d, bs, layout, dtype, seed=4)
+    q = torch.randn(sum(lq), hq, d, generator=gen).to("cuda", dtype)
+    cu = torch.tensor([0] + list(itertools.accumulate(lq)), dtype=torch.int32, device="cuda")
+    out, lse = pa.extend_attention(q, b.k_cache, b.v_cache, b.block_table, cu, b.seq_lens,
+                                   layout=layout, backend="hip", return_lse=True)
+    key = tol_key(dtype, dtype)
+    for i, (m, n) in enumerate(zip(lq, lens)):
+        rows = slice(int(cu[i]), int(cu[i + 1]))
+        k, v = dense_kv(b, i, n)
+        ro, rl = dense_attention(q[rows].cpu(), k, v, range(n - m, n), scale=d ** -0.5)
+        assert_attn_close(out[rows], ro, key, what=f"request {i}", magnitude_guard=False)
+        assert_lse_close(lse[rows], rl, key)
+
+
+def test_decode_int32_overflow():
+    """TESTING §D5: the pages used sit past element offset 2^31 of the K and V caches."""
+    bs, hkv, d, hq = 16, 8, 128, 32
+    num_blocks = 140_000
+    stride = bs * hkv * d
+    assert (num_blocks - 1) * stride > 2 ** 31  # the test's own threshold arithmetic
+    try:
+        k = torch.full((num_blocks, hkv, bs, d), float("nan"), dtype=torch.float16, device="cuda")
+        v = torch.full_like(k, float("nan"))
+    except torch.cuda.OutOfMemoryError:
+        pytest.skip("not enough GPU memory for a 2^31-element cache")
+    gen = torch.Generator().manual_seed(5)
+    lens = [1000, 33]
+    pages = [(n + bs - 1) // bs for n in lens]
+    top = torch.arange(num_blocks - sum(pages), num_blocks)
+    top = top[torch.randperm(top.numel(), generator=gen)]
+    table = torch.full((2, max(pages)), -1, dtype=torch.int32)
+    table[0, :pages[0]] = top[:pages[0]].int()
+    table[1, :pages[1]] = top[pages[0]:].int()
+    for i, n in enumerate(lens):
+        for t in range(0, n, bs):
+            blk = int(table[i, t // bs])
+            cnt = min(bs, n - t)
+            k[blk, :, :cnt] = torch.randn(hkv, cnt, d, generator=gen).to("cuda", torch.float16)
+            v[blk, :, :cnt] = torch.randn(hkv, cnt, d, generator=gen).to("cuda", torch.float16)
+    table, seq_lens = table.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(2, hq, d, generator=gen).to("cuda", torch.float16)
+    out = pa.paged_decode(q, k, v, table, seq_lens, backend="hip")
+    for i, n in enumerate(lens):
+        blk = table[i, :pages[i]].long()
+        kk = k[blk].permute(0, 2, 1, 3).reshape(-1, hkv, d)[:n].cpu().double()
+        vv = v[blk].permute(0, 2, 1, 3).reshape(-1, hkv, d)[:n].cpu().double()
+        ro, _ = dense_attention(q[i:i + 1].cpu(), kk, vv, [n - 1], scale=d ** -0.5)
+        assert_attn_close(out[i:i + 1], ro, torch.float16, magnitude_guard=False)
+    del k, v
+    torch.cuda.empty_cache()
+
+
+def test_host_checks_reject_bad_inputs():
+    """The C++ entry validates on its own (direct op calls bypass the Python checks)."""
+    from pagedattn.hip_kernels import build
+    ops = build.load()
+    b, gen = _batch([20], 2, 64, 16, "bhsd", torch.float16)
+    q = torch.randn(1, 4, 64, generator=gen).to("cuda", torch.float16)
+    out = torch.empty_like(q)
+    with pytest.raises(RuntimeError, match="block_table"):
+        ops.paged_decode(q, b.k_cache, b.v_cache, b.block_table.long(), b.seq_lens, out, None,
+                         None, None, 0, 0.125, 512, 0)
+    with pytest.raises(RuntimeError, match="out"):
+        ops.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, out[:, :2], None,
+                         None, None, 0, 0.125, 512, 0)
+    with pytest.raises(RuntimeError, match="num_q_heads"):
+        ops.paged_decode(q[:, :3], b.k_cache, b.v_cache, b.block_table, b.seq_lens,
+                         out[:, :3], None, None, None, 0, 0.125, 512, 0)
