@@ -34,8 +34,9 @@ INTERPRETER_NOTE = "CPU: Triton interpreter, timings not meaningful"
 # ----------------------------------------------------------------------------- device
 
 
-def setup_device() -> str:
-    """'cuda' when a GPU is present, else 'cpu' (and TRITON_INTERPRET=1 unless already set).
+def setup_device(*, interpret: bool = True) -> str:
+    """'cuda' when a GPU is present, else 'cpu' (and, with ``interpret``, TRITON_INTERPRET=1
+    unless already set).
 
     Call before anything imports triton: the interpreter flag is read at import time.
     """
@@ -43,7 +44,8 @@ def setup_device() -> str:
 
     if torch.cuda.is_available():
         return "cuda"
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    if interpret:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     # NOTE: the benches run µs-sized CPU ops; on a shared machine OpenMP spin-waiting makes them
     # ~50x slower with 2 threads than with 1. PAGEDATTN_BENCH_THREADS overrides.
     torch.set_num_threads(int(os.environ.get("PAGEDATTN_BENCH_THREADS", "1")))
