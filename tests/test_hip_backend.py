@@ -137,7 +137,7 @@ def test_extend_vs_oracle(dtype, layout, heads, d):
     for i, (m, n) in enumerate(zip(lq, lens)):
         rows = slice(int(cu[i]), int(cu[i + 1]))
         k, v = dense_kv(b, i, n)
-        ro, rl = dense_attention(q[rows].cpu(), k, v, range(n - m, n), scale=d ** -0.5)
+        ro, rl = dense_attention(q[rows].cpu(), k.cpu(), v.cpu(), range(n - m, n), scale=d ** -0.5)
         assert_attn_close(out[rows], ro, key, what=f"request {i}", magnitude_guard=False)
         assert_lse_close(lse[rows], rl, key)
 
@@ -187,6 +187,8 @@ def test_host_checks_reject_bad_inputs():
     b, gen = _batch([20], 2, 64, 16, "bhsd", torch.float16)
     q = torch.randn(1, 4, 64, generator=gen).to("cuda", torch.float16)
     out = torch.empty_like(q)
+    ops.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, out, None, None, None,
+                     0, 0.125, 512, 0)  # the well-formed call runs
     with pytest.raises(RuntimeError, match="block_table"):
         ops.paged_decode(q, b.k_cache, b.v_cache, b.block_table.long(), b.seq_lens, out, None,
                          None, None, 0, 0.125, 512, 0)
