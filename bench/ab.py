@@ -197,8 +197,10 @@ def run_ab(op: str, shapes, *, device: str, ceilings: Dict, baseline: Optional[s
                 err = C.max_err(fn(), ref)
                 kw = cpu_reps if device == "cpu" else dict(cuda_graph=cuda_graph and name != "torch")
                 t = C.time_fn(fn, device=device, **kw)
-            except ImportError:
-                continue  # flashinfer not installed: no row
+            except ImportError:  # flashinfer not installed: no row
+                if progress:
+                    progress.step(f"{name} not installed")
+                continue
             except Exception as e:  # noqa: BLE001 - a backend's failure is a table entry
                 msg = str(e)
                 if "cannot serve" in msg:  # dispatch's refusal: keep the reasons
