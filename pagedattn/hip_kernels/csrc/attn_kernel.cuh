@@ -85,8 +85,13 @@ PK_DEVICE uint16_t half_of(const uint32_t* w, int e) {
   return static_cast<uint16_t>(w[e >> 1] >> (16 * (e & 1)));
 }
 
-// LDS column of token t of a tile: kperm within each 16-group (identity except MMAC).
+// LDS column of token t in row d of the V^T tile: kperm within each 16-group (identity except
+// MMAC), then an XOR swizzle of column bits 1..3 by d/8. The transposing stores write 8
+// consecutive d of one token per lane; without the swizzle every lane of a wave hits the same
+// bank (a 16- to 32-way conflict). Fragment reads use one d/8 per register, so they stay
+// conflict-free, and k pairs (bit 0) stay adjacent.
 PK_DEVICE int tok_col(int t) { return (t & ~15) | kperm(t & 15); }
+PK_DEVICE int vswz(int d) { return ((d >> 3) & 7) << 1; }
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) attn_kernel(const AttnParams p) {
@@ -267,13 +272,16 @@ __global__ void __launch_bounds__(Cfg::kThreads) attn_kernel(const AttnParams p)
         const int row = idx / VPR, vec = idx % VPR;
         const int col = tok_col(row);
 #pragma unroll
-        for (int e = 0; e < EPV; ++e) Vs[(vec * EPV + e) * VS + col] = half_of(w, e);
+        for (int e = 0; e < EPV; ++e) {
+          const int d = vec * EPV + e;
+          Vs[d * VS + (col ^ vswz(d))] = half_of(w, e);
+        }
       } else {  // EPV tokens of one d; zero the tokens past ctx (their memory is not ours)
         const int tv = idx / D, d = idx % D, t0 = tv * EPV;
 #pragma unroll
         for (int e = 0; e < EPV; ++e) {
           const uint16_t h = (c0 + t0 + e < ctx) ? half_of(w, e) : uint16_t(0);
-          Vs[d * VS + tok_col(t0 + e)] = h;
+          Vs[d * VS + (tok_col(t0 + e) ^ vswz(d))] = h;
         }
       }
     }
@@ -357,9 +365,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) attn_kernel(const AttnParams p)
           const int tb = (ts * Cfg::kTokTiles + tt) * 16;
           Frag vf;  // (16 d, 16 tokens), token order matches pf via tok_col
 #pragma unroll
-          for (int r = 0; r < kFragRegs; ++r)
+          for (int r = 0; r < kFragRegs; ++r) {
+            const int d = 16 * n + frag_row(lane, r);
             vf.r[r] = *reinterpret_cast<const uint32_t*>(
-                Vs + (16 * n + frag_row(lane, r)) * VS + tb + frag_k(lane, r));
+                Vs + d * VS + ((tb + frag_k(lane, r)) ^ vswz(d)));
+          }
           mma_nt<QT>(o[n], pf[tt], vf);
         }
       }
