@@ -247,7 +247,11 @@ class BlockAllocator:
     # ################################### Internal helpers ###################################
 
     def _check_id(self, block) -> int:
-        b = _check_int("block", block, 0, self.num_blocks)
+        if isinstance(block, bool) or not isinstance(block, int):
+            raise TypeError(f"block: expected int, got {type(block).__name__}")
+        b = block
+        if not 0 <= b < self.num_blocks:
+            raise ForeignId(f"block: {b} out of range [0, {self.num_blocks})")
         if b in self.reserved:
             raise ForeignId(f"block: {b} is reserved (null block); it is never allocated or freed")
         return b
