@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import pagedattn as pa
+from pagedattn.layouts import gather_kv
 from pagedattn.cache_mgmt import block_allocator as ba
 from pagedattn.cache_mgmt.block_manager import (AllocStatus, BlockAllocator, BlockManager,
                                                 DuplicateSeq, NULL_BLOCK)
@@ -284,3 +285,169 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
+
+
+# region: copy-on-write ---------------------------------------------------------------------------
+def test_fork_append_shared_partial_tail_one_copy():
+    bm = BlockManager(8, 4)
+    parent = bm.allocate("p", 6).block_ids                  # [b1 full | b2 with 2 of 4]
+    free = bm.num_free_blocks
+    bm.fork("p", "c")
+    assert bm.num_free_blocks == free and bm.allocator.ref_count(parent[1]) == 2
+    copies = bm.append_slot("c")
+    assert len(copies) == 1 and copies[0][0] == parent[1]
+    assert bm.block_ids("c") == (parent[0], copies[0][1]) and bm.block_ids("p") == parent
+    assert (bm.seq_len("p"), bm.seq_len("c")) == (6, 7)
+    assert bm.allocator.ref_count(parent[1]) == 1 and bm.append_slot("p") == []  # now exclusive
+    bm.check_integrity()
+
+
+def test_fork_append_full_shared_tail_no_copy():
+    bm = BlockManager(8, 4)
+    parent = bm.allocate("p", 8).block_ids
+    bm.fork("p", "c")
+    assert bm.append_slot("c") == [] and bm.append_slot("p") == []
+    assert bm.block_ids("c")[:2] == parent == bm.block_ids("p")[:2]
+    assert bm.block_ids("c")[2] != bm.block_ids("p")[2]
+    bm.check_integrity()
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd", "vllm", "hcu"])
+def test_copy_on_write_end_to_end_copy_blocks(layout):
+    """Parent KV written with store_kv; the child's CoW copy through pa.copy_blocks; the child sees
+    the parent's KV for the shared tokens, and its own new token never touches the parent."""
+    B, H, D, n = 4, 2, 16, 6
+    bm = BlockManager(8, B)
+    kc, vc = pa.make_kv_cache(8, B, H, D, layout=layout, dtype=torch.float32)
+    kc.fill_(float("nan")), vc.fill_(float("nan"))
+    g = torch.Generator().manual_seed(0)
+    bm.allocate("p", n)
+    k, v = torch.randn(n, H, D, generator=g), torch.randn(n, H, D, generator=g)
+    pa.store_kv(k, v, kc, vc, torch.tensor([bm.slot_of("p", i) for i in range(n)]), layout=layout)
+    bm.fork("p", "c")
+    copies = bm.append_slot("c")
+    assert len(copies) == 1
+    pa.copy_blocks(kc, vc, copies, backend="torch")
+    k1, v1 = torch.randn(1, H, D, generator=g), torch.randn(1, H, D, generator=g)
+    pa.store_kv(k1, v1, kc, vc, torch.tensor([bm.slot_of("c")]), layout=layout)
+    bt, lens = bm.get_block_table(["p", "c"])
+    pk, pv = gather_kv(kc, vc, bt[0], int(lens[0]), layout)
+    ck, cv = gather_kv(kc, vc, bt[1], int(lens[1]), layout)
+    assert torch.equal(pk, k) and torch.equal(pv, v)               # parent untouched
+    assert torch.equal(ck[:n], k) and torch.equal(cv[:n], v)       # child == parent's KV
+    assert torch.equal(ck[n], k1[0]) and torch.equal(cv[n], v1[0])
+    bm.check_integrity()
+
+
+# region: fault injection (§D8) -------------------------------------------------------------------
+def _flaky(bm, k):
+    """Make ``bm``'s allocator raise OutOfBlocks after ``k`` successful grabs."""
+    real, grabs = bm.allocator.allocate, [0]
+
+    def allocate():
+        if grabs[0] >= k:
+            raise OutOfBlocks("injected")
+        grabs[0] += 1
+        return real()
+    bm.allocator.allocate = allocate
+
+
+@pytest.mark.parametrize("caching", [False, True])
+@pytest.mark.parametrize("k", [0, 1, 2, 3])
+def test_oom_mid_allocate_rolls_back(k, caching):
+    """4 fresh blocks needed; the k-th grab fails (with caching, grabs evict cached blocks)."""
+    bm = BlockManager(6, 4, 0.0, enable_prefix_caching=caching)
+    bm.allocate("a", token_ids=range(8))
+    bm.allocate("b", token_ids=range(100, 112))
+    bm.free("b")                                    # caching: 3 evictable blocks
+    before = bm.snapshot()
+    _flaky(bm, k)
+    with pytest.raises(OutOfBlocks):
+        bm.allocate("x", token_ids=range(200, 215))
+    assert bm.snapshot() == before
+    bm.check_integrity()
+    del bm.allocator.allocate
+    assert bm.allocate("y", token_ids=range(300, 303)).num_cached_tokens == 0  # smaller one fits
+    bm.check_integrity()
+
+
+def test_oom_mid_cow_rolls_back_eviction():
+    """CoW must evict a cached block; the free of the old tail fails after the grab: the evicted
+    block's hash, LRU tick and the shared tail are all restored."""
+    bm = BlockManager(4, 2, 0.0, enable_prefix_caching=True)
+    bm.allocate("c", token_ids=[7, 7])              # block 1, hashed
+    bm.free("c")                                    # evictable
+    bm.allocate("p", token_ids=[1, 2, 3])           # blocks 2, 3 (3 partial)
+    bm.fork("p", "q")
+    before = bm.snapshot()
+
+    def failing_free(block):
+        raise OutOfBlocks("injected")
+    bm.allocator.free = failing_free
+    with pytest.raises(OutOfBlocks):
+        bm.append_slot("q", 4)
+    assert bm.snapshot() == before
+    del bm.allocator.free
+    _flaky(bm, 0)
+    with pytest.raises(OutOfBlocks):
+        bm.append_slot("q", 4)
+    assert bm.snapshot() == before
+    del bm.allocator.allocate
+    assert bm.append_slot("q", 4) == [(3, 1)]       # evicts block 1 for real
+    bm.check_integrity()
+
+
+def test_regression_ucm_1053_double_free_raises_and_keeps_free_list_unique():
+    """ModelEngine UCM PR #1053 (and vllm-ascend #14301): a double free reached the free queue and
+    corrupted it. Here it raises DoubleFree, and the free list stays duplicate-free."""
+    a = BlockAllocator(4, 16)
+    b = a.allocate()
+    a.free(b)
+    before = a.snapshot()
+    with pytest.raises(DoubleFree, match="block"):
+        a.free(b)
+    assert a.snapshot() == before and len(set(a._free)) == len(a._free) == 3
+    bm = BlockManager(4, 2)
+    bm.allocate("s", 3)
+    bm.free("s")
+    with pytest.raises(ForeignId, match="seq_id"):
+        bm.free("s")
+    bm.check_integrity()
+
+
+def test_regression_kvcached_398_null_block_never_handed_out():
+    """kvcached PR #398: block 0 (the null block) was given to a real request. Reserved ids are
+    never allocated (also not through eviction), never freed, and pad block tables."""
+    bm = BlockManager(5, 1, 0.0, enable_prefix_caching=True)
+    got = set(bm.allocate("a", token_ids=[1, 2, 3, 4]).block_ids)
+    bm.free("a")
+    b = bm.allocate("b", token_ids=[5, 6, 7, 8]).block_ids      # all through eviction,
+    assert b == (4, 3, 2, 1) and NULL_BLOCK not in got | set(b)  # tail first (freed first, I9)
+    with pytest.raises(OutOfBlocks):
+        bm.append_slot("b", 9)
+    with pytest.raises(ForeignId, match="reserved"):
+        bm.allocator.free(NULL_BLOCK)
+    with pytest.raises(ForeignId, match="reserved"):
+        bm.allocator.incref(NULL_BLOCK)
+    bm.allocate("e", token_ids=[])
+    bt, lens = bm.get_block_table(["b", "e"])
+    assert bt.tolist() == [[4, 3, 2, 1], [0, 0, 0, 0]] and lens.tolist() == [4, 0]
+    custom = BlockAllocator(3, 4, reserved=(2,))
+    assert sorted(custom.allocate() for _ in range(2)) == [0, 1]
+
+
+@pytest.mark.parametrize("order", [("p", "c"), ("c", "p"), ("c", "c")])
+def test_fork_free_orders(order):
+    bm = BlockManager(6, 2)
+    blocks = bm.allocate("p", 5).block_ids
+    bm.fork("p", "c")
+    bm.free(order[0])
+    assert [bm.allocator.ref_count(b) for b in blocks] == [1, 1, 1]
+    if order[0] == order[1]:
+        with pytest.raises(ForeignId):
+            bm.free(order[1])
+        bm.free("p")
+    else:
+        bm.free(order[1])
+    assert bm.num_free_blocks == 5 and list(bm.allocator._free) == [4, 5] + list(reversed(blocks))
+    bm.check_integrity()
