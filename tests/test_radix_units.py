@@ -50,8 +50,8 @@ def test_match_rounds_down_to_pages(ps):
     toks = list(range(3 * ps + 1))
     put(cache, toks)
     assert len(cache.match_prefix(toks).indices) == (3 * ps + 1) // ps * ps
-    toks2 = toks[:ps + 1] + [999] * (2 * ps)          # diverges inside page 1
-    assert len(cache.match_prefix(toks2).indices) == ps
+    toks2 = toks[:ps + 1] + [999] * (2 * ps)          # diverges at token ps+1, in page 1
+    assert len(cache.match_prefix(toks2).indices) == (ps + 1) // ps * ps
     if ps > 1:
         assert len(cache.match_prefix(toks[:ps - 1]).indices) == 0
     cache.check_integrity()
