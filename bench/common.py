@@ -75,6 +75,9 @@ def synchronize(device: str) -> None:
 
 
 def git_commit() -> str:
+    """Short commit of the checkout (+ "-dirty"); PAGEDATTN_COMMIT where there is no .git."""
+    if os.environ.get("PAGEDATTN_COMMIT"):
+        return os.environ["PAGEDATTN_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, text=True,
                              capture_output=True, timeout=10)

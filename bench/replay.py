@@ -17,9 +17,12 @@ from bench import workloads as W
 from bench.engine import ForkEngine, RadixEngine
 from bench.model import ModelConfig, TinyDecoder
 
-# max |logit(cache on) - logit(cache off)| allowed, by model dtype and device type
-TOL = {("cpu", torch.float32): 1e-4, ("cuda", torch.float32): 2e-3,  # GPU fp32 dots may be TF32
-       ("cuda", torch.float16): 2e-2, ("cuda", torch.bfloat16): 1e-1}
+# (atol, rtol): |logit(cache on) - logit(cache off)| <= atol + rtol * |logit| at every position.
+# The two runs differ only in summation order (batch composition, prefix/new split); in bf16 the
+# LM head rounds logits of magnitude ~10 to steps of 0.0625, so one or two ulps must pass. A real
+# bug (a wrong or stale prefix slot) moves logits by O(1).
+TOL = {("cpu", torch.float32): (1e-4, 0.0), ("cuda", torch.float32): (2e-3, 0.0),
+       ("cuda", torch.float16): (1e-2, 1e-2), ("cuda", torch.bfloat16): (5e-2, 2e-2)}
 
 
 # ----------------------------------------------------------------------------- the table
@@ -36,25 +39,41 @@ def _engine(wl: W.Workload, model, *, backend, use_cache, forced, seed, max_batc
 
 
 def run_workload(wl: W.Workload, model: TinyDecoder, *, backend: str = "auto", seed: int = 0,
-                 max_batch: int = 4, dense_checks: int = 2) -> dict:
-    """Run ``wl`` with and without prefix reuse; return one table row (see module doc)."""
-    on_eng = _engine(wl, model, backend=backend, use_cache=True, forced=None, seed=seed,
-                     max_batch=max_batch)
-    on = on_eng.run(list(wl.reqs))
-    forced = {rid: r.output for rid, r in on.items()}
-    off_eng = _engine(wl, model, backend=backend, use_cache=False, forced=forced, seed=seed,
-                      max_batch=max_batch)
-    off = off_eng.run(list(wl.reqs))
-    diff = max(float((torch.stack(on[i].logits) - torch.stack(off[i].logits)).abs().max())
-               for i in on)
-    dense = 0.0
+                 max_batch: int = 4, dense_checks: int = 2, repeats: int = 1) -> dict:
+    """Run ``wl`` with and without prefix reuse; return one table row (see module doc).
+
+    ``repeats`` > 1 runs each mode again and keeps the last run's stats (GPU: the first run
+    pays Triton's JIT compilation for every new specialisation).
+    """
+    forced = None
+    for use_cache in (True, False):
+        for _ in range(repeats):
+            eng = _engine(wl, model, backend=backend, use_cache=use_cache, forced=forced,
+                          seed=seed, max_batch=max_batch)
+            res = eng.run(list(wl.reqs))
+        if use_cache:
+            on_eng, on = eng, res
+            forced = {rid: r.output for rid, r in on.items()}
+        else:
+            off_eng, off = eng, res
+    atol, rtol = TOL.get((model.device.type, model.dtype), (1e-1, 2e-2))
+    diff = dense = 0.0
+    ok = True
+
+    def compare(got, ref):
+        nonlocal ok
+        d = (got - ref).abs()
+        ok &= bool((d <= atol + rtol * ref.abs()).all())
+        return float(d.max())
+
+    for i in on:
+        diff = max(diff, compare(torch.stack(on[i].logits), torch.stack(off[i].logits)))
     for i in sorted(on)[:dense_checks]:  # an independent oracle: no cache, plain attention
         r = on[i]
         ref = model.dense_logits(r.history()[:-1])[len(r.prompt) - 1:].cpu()
-        dense = max(dense, float((torch.stack(r.logits) - ref).abs().max()))
+        dense = max(dense, compare(torch.stack(r.logits), ref))
     s, s0 = on_eng.stats, off_eng.stats
     used = {**off_eng.used, **on_eng.used}
-    tol = TOL.get((model.device.type, model.dtype), 1e-1)
     static = s0.peak_running * model.cfg.max_seq_len
     return {
         "workload": wl.name,
@@ -74,7 +93,7 @@ def run_workload(wl: W.Workload, model: TinyDecoder, *, backend: str = "auto", s
         "speed-up": s0.wall_s / max(s.wall_s, 1e-9),
         "max|Δlogit|": diff,
         "vs dense": dense,
-        "ok": bool(diff <= tol and dense <= tol),
+        "ok": ok,
     }
 
 
@@ -86,16 +105,18 @@ def run_replay(*, device: str = "cpu", backend: str = "auto", dtype: torch.dtype
 
     model = TinyDecoder(ModelConfig(seed=seed), device=device, dtype=dtype)
     rows, notes = [], []
-    try:  # warm-up (first-call costs), so that the first workload's timings are like the others
-        run_workload(W.multi_turn(quick=True, vocab=model.cfg.vocab, seed=seed), model,
-                     backend=backend, seed=seed, dense_checks=0)
+    repeats = 2 if device == "cuda" else 1  # GPU: time the second run (JIT compiled)
+    try:  # CPU warm-up (first-call costs), so that the first workload's timings are like the rest
+        if repeats == 1:
+            run_workload(W.multi_turn(quick=True, vocab=model.cfg.vocab, seed=seed), model,
+                         backend=backend, seed=seed, dense_checks=0)
     except ImportError:
         pass
     for wl in W.build(quick=quick, vocab=model.cfg.vocab, seed=seed):
         if names and wl.name not in names:
             continue
         try:
-            rows.append(run_workload(wl, model, backend=backend, seed=seed))
+            rows.append(run_workload(wl, model, backend=backend, seed=seed, repeats=repeats))
         except ImportError as e:  # a cache manager that has not landed yet
             notes.append(f"{wl.name}: skipped, {e}")
         if progress:
@@ -109,8 +130,10 @@ def run_replay(*, device: str = "cpu", backend: str = "auto", dtype: torch.dtype
         "token slots: static = peak running requests x max_seq_len "
         f"({c.max_seq_len}), paged = cache off, paged+shared = cache on",
         "max|Δlogit| = cache on vs cache off over every generated position; vs dense = cache on vs "
-        f"a no-cache dense forward of the first requests; tolerance {TOL.get((device, dtype))}",
-        "gen tok/s and speed-up (wall off / wall on) include Python scheduling overhead",
+        f"a no-cache dense forward of the first requests; ok: |Δ| <= atol + rtol·|logit| with "
+        f"(atol, rtol) = {TOL.get((device, dtype))}",
+        "gen tok/s and speed-up (wall off / wall on) include Python scheduling overhead"
+        + ("; timed on the second of two runs per mode (JIT warm)" if repeats > 1 else ""),
     ]
     return pd.DataFrame(rows), notes
 
