@@ -335,7 +335,7 @@ class BlockManager:
                 raise ValueError("num_tokens: give num_tokens or token_ids")
             _check_int("num_tokens", num_tokens, 0)
             return None
-        toks = tuple(int(t) for t in token_ids)
+        toks = tuple(map(int, token_ids))
         if num_tokens is not None and _check_int("num_tokens", num_tokens, 0) != len(toks):
             raise ValueError(f"num_tokens: {num_tokens} != len(token_ids) {len(toks)}")
         return toks
