@@ -451,3 +451,117 @@ def test_fork_free_orders(order):
         bm.free(order[1])
     assert bm.num_free_blocks == 5 and list(bm.allocator._free) == [4, 5] + list(reversed(blocks))
     bm.check_integrity()
+
+
+# region: prefix caching --------------------------------------------------------------------------
+def test_prefix_hit_rules_and_lru_order():
+    """I7: hits are whole blocks and at most n - 1 tokens; I9: cached blocks are reused least
+    recently freed first; nano-vllm 9fa256a: a hit keeps its block mapped from its hash."""
+    bm = BlockManager(8, 2, 0.0, enable_prefix_caching=True)
+    a = bm.allocate("a", token_ids=[1, 2, 3, 4]).block_ids            # blocks 1, 2
+    assert bm.allocate("b", token_ids=[1, 2, 3, 4]).num_cached_tokens == 2   # not 4: n - 1
+    assert bm.allocate("c", token_ids=[1, 2, 3, 4, 5]).block_ids[:2] == a    # 4 of 5
+    assert bm.allocator.lookup(bm.allocator.meta(a[0]).hash, bm.allocator.meta(a[0]).key) == a[0]
+    for s in ("a", "b", "c"):
+        bm.free(s)
+    assert bm.allocate("d", token_ids=[1, 2, 9]).num_cached_tokens == 2     # hit after free
+    lru = sorted(bm.allocator._evictable, key=bm.allocator._evictable.get)
+    got = bm.allocate("e", token_ids=list(range(20, 30))).block_ids
+    taken = [b for b in got if b in lru]
+    assert taken and taken == lru[:len(taken)]
+    bm.check_integrity()
+
+
+def test_regression_constant_hash_collision_never_reuses_wrong_kv(monkeypatch):
+    """vLLM PR #15297 / openvino.genai #3722: content hash only -> wrong KV on a collision.
+    With every hash equal, a hit still requires the whole token prefix to match."""
+    monkeypatch.setattr(ba, "hash_block", lambda parent, toks: 0)
+    bm = BlockManager(16, 2, 0.0, enable_prefix_caching=True)
+    bm.allocate("a", token_ids=[1, 2, 3, 4, 5])
+    assert bm.allocate("b", token_ids=[9, 9, 3, 4, 5]).num_cached_tokens == 0   # same block 2
+    assert bm.allocate("c", token_ids=[1, 2, 7, 7, 7]).num_cached_tokens == 2   # block 1 only
+    rng = random.Random(0)
+    for i in range(200):                        # random churn: hits must always be verified
+        toks = [rng.randrange(2) for _ in range(rng.randrange(1, 9))]
+        r = bm.allocate(i, token_ids=toks)
+        for j in range(r.num_cached_tokens // 2):
+            assert flat_prefix(bm.allocator.meta(r.block_ids[j]).key) == tuple(toks[:2 * j + 2])
+        bm.check_integrity()
+        bm.free(rng.choice(bm.seq_ids()))
+
+
+# region: kernel inputs, admission, bad inputs ----------------------------------------------------
+def test_get_block_table_tensors():
+    bm = BlockManager(10, 4)
+    bm.allocate(0, 9), bm.allocate(1, 1), bm.allocate(2, 0)
+    bt, lens = bm.get_block_table([1, 0, 2], device=torch.device("cpu"))
+    assert bt.dtype == lens.dtype == torch.int32 and bt.is_contiguous()
+    assert bt.tolist() == [[4, 0, 0], [1, 2, 3], [0, 0, 0]] and lens.tolist() == [1, 9, 0]
+    assert bm.get_block_table([0], width=5).block_table.tolist() == [[1, 2, 3, 0, 0]]
+    assert bm.get_block_table([]).block_table.shape == (0, 1)
+    with pytest.raises(ValueError, match="width"):
+        bm.get_block_table([0], width=2)
+
+
+def test_can_allocate_watermark():
+    bm = BlockManager(101, 16, 0.1)                  # 100 usable, watermark 10 blocks
+    assert bm.can_allocate(90 * 16) is AllocStatus.OK
+    assert bm.can_allocate(90 * 16 + 1) is AllocStatus.NEVER
+    bm.allocate("a", 50 * 16)
+    assert bm.can_allocate(40 * 16) is AllocStatus.OK and bm.can_allocate(41 * 16) is AllocStatus.LATER
+    one = BlockManager(1, 4)                         # only the null block: nothing ever fits
+    assert one.can_allocate(1) is AllocStatus.NEVER and one.allocate("e", 0).block_ids == ()
+    with pytest.raises(OutOfBlocks):
+        one.append_slot("e")
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: BlockManager(0, 16), ValueError, "num_blocks"),
+    (lambda: BlockManager(4, 0), ValueError, "block_size"),
+    (lambda: BlockManager(4, 16, 1.5), ValueError, "watermark"),
+    (lambda: BlockManager(4, 16, reserved=(4,)), ValueError, "reserved"),
+    (lambda: BlockManager(4, 16).allocate("a", -1), ValueError, "num_tokens"),
+    (lambda: BlockManager(4, 16).allocate("a", 2.0), TypeError, "num_tokens"),
+    (lambda: BlockManager(4, 16).allocate("a", 3, token_ids=[1]), ValueError, "num_tokens"),
+    (lambda: BlockManager(4, 16, enable_prefix_caching=True).allocate("a", 3), ValueError, "token_ids"),
+    (lambda: BlockManager(4, 16).append_slot("nope"), ForeignId, "seq_id"),
+    (lambda: BlockManager(4, 16).fork("nope", "b"), ForeignId, "parent_id"),
+    (lambda: BlockManager(4, 16).get_block_table(["nope"]), ForeignId, "seq_ids"),
+    (lambda: BlockManager(4, 16).can_allocate(-3), ValueError, "num_tokens"),
+    (lambda: BlockAllocator(4, 16).free(9), ForeignId, "block"),
+    (lambda: BlockAllocator(4, 16).incref(2), ForeignId, "block"),
+])
+def test_bad_inputs_raise_typed_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_duplicate_seq_ids_leave_state_unchanged():
+    bm = BlockManager(8, 4)
+    bm.allocate("a", 5), bm.allocate("b", 1)
+    before = bm.snapshot()
+    for call, match in ((lambda: bm.allocate("a", 1), "seq_id"), (lambda: bm.fork("a", "b"), "child_id")):
+        with pytest.raises(DuplicateSeq, match=match):
+            call()
+        assert bm.snapshot() == before
+
+
+# region: memory accounting (bench/bench_block_manager.py) ----------------------------------------
+def test_memory_accounting_matches_the_manager():
+    """The bench's closed-form paged reservation equals the blocks the real manager holds."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "bench_block_manager.py"
+    spec = importlib.util.spec_from_file_location("bench_block_manager", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    p, o = mod.sample_lengths(161, 338, 40, 2048, seed=1)
+    for B in (16, 128):
+        bm, held = BlockManager(4096, B, 0.0), 0
+        for i, (pi, oi) in enumerate(zip(p.tolist(), o.tolist())):
+            bm.allocate(i, pi)
+            for _ in range(oi):
+                bm.append_slot(i)
+                held += len(bm.block_ids(i)) * B
+        assert held == mod.paged_reserved(mod.token_steps(p, o), B).sum()
+    df = mod.memory_table(n=2000, max_seq_len=2048, seed=0)
+    paged16 = df[(df.workload == "sharegpt") & (df.scheme == "paged B=16")].iloc[0]
+    assert paged16["waste %"] < 4 and abs(paged16["waste tok/seq (end)"] - 7.5) < 1
