@@ -72,7 +72,8 @@ def memory_table(*, n: int, max_seq_len: int, seed: int) -> pd.DataFrame:
         live = token_steps(p, o)
         used = live.sum()
         pow2 = p + 2 ** np.ceil(np.log2(np.maximum(o, 1))).astype(np.int64)
-        static = {"static max": np.full(n, max_seq_len), "static pow2": np.minimum(pow2, max_seq_len),
+        static = {"static max": np.full(n, max_seq_len),
+                  "static pow2": np.minimum(pow2, max_seq_len),
                   "static oracle": p + o}
         for scheme, per_req in static.items():
             reserved = (per_req * o).sum()          # held for every step of the request
@@ -114,7 +115,8 @@ def throughput_table(*, num_seqs: int, decode: int, block_size: int, seed: int) 
             t = time.perf_counter()
             out = fn()
             dt = time.perf_counter() - t
-            rows.append({"op": op, "prefix caching": caching, "calls": calls, "seconds": round(dt, 4),
+            rows.append({"op": op, "prefix caching": caching, "calls": calls,
+                         "seconds": round(dt, 4),
                          "ops/s": round(calls / dt), "free blocks after": bm.num_free_blocks})
             return out
 

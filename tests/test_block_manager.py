@@ -1,5 +1,5 @@
-"""BlockManager / BlockAllocator: model-based state machine (TESTING.md §D6), fault injection (§D8),
-copy-on-write through ``pagedattn.copy_blocks``, regressions (§D10). CPU only.
+"""BlockManager / BlockAllocator: model-based state machine (TESTING.md §D6), fault injection
+(§D8), copy-on-write through ``pagedattn.copy_blocks``, regressions (§D10). CPU only.
 
 The state machine keeps a plain-dict model that predicts every block id, and a fake KV memory
 (``mem[block] = tokens``) written exactly like a serving loop writes KV: copies first, then the new
@@ -134,7 +134,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         base = data.draw(st.sampled_from(self.prompts)) if self.prompts else []
         base = base[:data.draw(st.integers(0, len(base)))]
         rng = random.Random(data.draw(st.integers(0, 2**16)))
-        n = data.draw(st.integers(0, data.draw(st.sampled_from([2, max_len // 8, max_len // 4, max_len]))))
+        cap = data.draw(st.sampled_from([2, max_len // 8, max_len // 4, max_len]))
+        n = data.draw(st.integers(0, cap))
         toks = (base + [rng.randrange(self.vocab) for _ in range(n)])[:max_len]
         self.prompts = (self.prompts + [toks])[-16:]
         return toks
@@ -168,7 +169,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
             return self.expect_unchanged(OutOfBlocks, self.bm.allocate, seq, token_ids=toks)
         got = self.bm.allocate(seq, token_ids=toks)
         assert (list(got.block_ids), got.num_cached_tokens) == want
-        assert got.num_cached_tokens % self.B == 0 and got.num_cached_tokens <= max(len(toks) - 1, 0)  # I7
+        hit = got.num_cached_tokens
+        assert hit % self.B == 0 and hit <= max(len(toks) - 1, 0)      # I7
         self.write(seq, got.num_cached_tokens)
 
     @rule(data=st.data())
@@ -201,7 +203,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert self.bm.num_free_blocks == free_before        # zero new blocks
         for b in self.m.table[parent]:
             self.m.ref[b] += 1
-        self.m.table[child], self.m.tokens[child] = list(self.m.table[parent]), list(self.m.tokens[parent])
+        self.m.table[child] = list(self.m.table[parent])
+        self.m.tokens[child] = list(self.m.tokens[parent])
         if data.draw(st.booleans()):                # write right away: the copy-on-write path
             self.append_one(data.draw(st.sampled_from([parent, child])), 0)
 
@@ -255,7 +258,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
                         assert self.bm.snapshot() == before, "I10: rollback after injected OOM"
                     else:
                         del A.allocate
-                        assert self.m.allocate(-1, toks) == (list(got.block_ids), got.num_cached_tokens)
+                        want = (list(got.block_ids), got.num_cached_tokens)
+                        assert self.m.allocate(-1, toks) == want
                         self.write(-1, got.num_cached_tokens)
                         self.bm.free(-1)
                         self.m.free_seq(-1)
@@ -508,7 +512,8 @@ def test_can_allocate_watermark():
     assert bm.can_allocate(90 * 16) is AllocStatus.OK
     assert bm.can_allocate(90 * 16 + 1) is AllocStatus.NEVER
     bm.allocate("a", 50 * 16)
-    assert bm.can_allocate(40 * 16) is AllocStatus.OK and bm.can_allocate(41 * 16) is AllocStatus.LATER
+    assert bm.can_allocate(40 * 16) is AllocStatus.OK
+    assert bm.can_allocate(41 * 16) is AllocStatus.LATER
     one = BlockManager(1, 4)                         # only the null block: nothing ever fits
     assert one.can_allocate(1) is AllocStatus.NEVER and one.allocate("e", 0).block_ids == ()
     with pytest.raises(OutOfBlocks):
@@ -523,7 +528,8 @@ def test_can_allocate_watermark():
     (lambda: BlockManager(4, 16).allocate("a", -1), ValueError, "num_tokens"),
     (lambda: BlockManager(4, 16).allocate("a", 2.0), TypeError, "num_tokens"),
     (lambda: BlockManager(4, 16).allocate("a", 3, token_ids=[1]), ValueError, "num_tokens"),
-    (lambda: BlockManager(4, 16, enable_prefix_caching=True).allocate("a", 3), ValueError, "token_ids"),
+    (lambda: BlockManager(4, 16, enable_prefix_caching=True).allocate("a", 3), ValueError,
+     "token_ids"),
     (lambda: BlockManager(4, 16).append_slot("nope"), ForeignId, "seq_id"),
     (lambda: BlockManager(4, 16).fork("nope", "b"), ForeignId, "parent_id"),
     (lambda: BlockManager(4, 16).get_block_table(["nope"]), ForeignId, "seq_ids"),
@@ -540,7 +546,8 @@ def test_duplicate_seq_ids_leave_state_unchanged():
     bm = BlockManager(8, 4)
     bm.allocate("a", 5), bm.allocate("b", 1)
     before = bm.snapshot()
-    for call, match in ((lambda: bm.allocate("a", 1), "seq_id"), (lambda: bm.fork("a", "b"), "child_id")):
+    for call, match in ((lambda: bm.allocate("a", 1), "seq_id"),
+                        (lambda: bm.fork("a", "b"), "child_id")):
         with pytest.raises(DuplicateSeq, match=match):
             call()
         assert bm.snapshot() == before

@@ -81,7 +81,8 @@ class BlockAllocator:
     3
     """
 
-    def __init__(self, num_blocks: int, block_size: int, *, reserved: Iterable[int] = (NULL_BLOCK,)):
+    def __init__(self, num_blocks: int, block_size: int, *,
+                 reserved: Iterable[int] = (NULL_BLOCK,)):
         self.num_blocks = _check_int("num_blocks", num_blocks, 1)
         self.block_size = _check_int("block_size", block_size, 1)
         res = [_check_int("reserved", r, 0, num_blocks) for r in reserved]
@@ -236,7 +237,8 @@ class BlockAllocator:
                 "I1: free + evictable + in_use != num_blocks - reserved")
         _expect(len(set(self._evictable.values())) == len(ev), "I9: duplicate LRU ticks")
         live = set(self._heap)
-        _expect(all((t, b) in live for b, t in self._evictable.items()), "I9: LRU heap lost a block")
+        _expect(all((t, b) in live for b, t in self._evictable.items()),
+                "I9: LRU heap lost a block")
         _expect(len(self._by_hash) == len(self._meta), "I4: hash table and block metadata differ")
         for h, b in self._by_hash.items():
             m = self._meta.get(b)

@@ -1,10 +1,10 @@
 """Paged block manager: per-sequence block tables, fork, copy-on-write, optional prefix caching.
 
-The vLLM scheme (reference §1.2.3): a sequence of ``L`` tokens owns ``ceil(L / B)`` physical blocks;
-``fork`` copies the parent's table and adds one reference per block (zero new blocks); appending to
-a partially filled tail that another sequence shares (``ref > 1``) first moves the writer to a
-fresh block and returns the ``(src, dst)`` copy the caller runs with ``pagedattn.copy_blocks``
-before writing the new token's KV::
+The vLLM scheme (reference §1.2.3): a sequence of ``L`` tokens owns ``ceil(L / B)`` physical
+blocks; ``fork`` copies the parent's table and adds one reference per block (zero new blocks);
+appending to a partially filled tail that another sequence shares (``ref > 1``) first moves the
+writer to a fresh block and returns the ``(src, dst)`` copy the caller runs with
+``pagedattn.copy_blocks`` before writing the new token's KV::
 
     parent  [ b7 | b3 (2 of 4) ]              fork -> child [ b7 | b3 ]   ref(b3) = 2
     child.append_slot  -> [(3, 12)]            child [ b7 | b12 (3 of 4) ] ref(b3) = 1
@@ -142,7 +142,8 @@ class BlockManager:
         pos = position + n if position < 0 else position
         if not 0 <= pos < n:
             raise ValueError(f"position: {position} out of range for a sequence of {n} tokens")
-        return self._tables[seq_id][pos // self.block_size] * self.block_size + pos % self.block_size
+        B = self.block_size
+        return self._tables[seq_id][pos // B] * B + pos % B
 
     def can_allocate(self, num_tokens: int) -> AllocStatus:
         """Whether a new sequence of ``num_tokens`` fits (ignores prefix hits: conservative).
