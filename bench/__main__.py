@@ -38,7 +38,9 @@ def cmd_run(a) -> int:
     rc = replay.report(device=device, backend=_replay_backend(device, a.backend),
                        dtype=torch.float32, quick=a.quick, seed=a.seed, out=a.out,
                        ceilings=ceilings)
-    ab.report(device=device, ceilings=ceilings, out=a.out, quick=True, baseline=a.baseline)
+    # short A/B: the first shapes of the GPU suites, or the tiny interpreter shapes on a CPU
+    ab.report(device=device, ceilings=ceilings, out=a.out, quick=a.quick or device == "cuda",
+              baseline=a.baseline)
     print(f"bench run: {C.elapsed(t0)}; tables under {a.out}/ (replay, ab_decode, ab_extend: "
           f".md .csv .json){'' if rc == 0 else '; REPLAY CHECK FAILED'}", flush=True)
     return rc
