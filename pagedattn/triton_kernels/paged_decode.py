@@ -10,7 +10,7 @@ the online softmax over KV tiles of BLOCK_N tokens and yields (m_p, l_p, O_p).
 
 * a sequence with one partition (seq_len <= PARTITION_SIZE, or empty) writes out/lse directly;
 * a longer sequence stores (m_p, l_p, O_p) in a float32 workspace and is merged by
-  :func:`_combine_rows`: w_p = l_p * exp2(m_p - M) / sum_p(...) (§1.4.3).
+  :func:`_combine_row`: w_p = l_p * exp2(m_p - M) / sum_p(...) (§1.4.3).
 
 Two launch shapes evaluate exactly this arithmetic:
 
@@ -99,33 +99,59 @@ def _attend_partition(q, seq_len, lo, part_start, part_end, h, pos, slope2, d, d
 
 
 @triton.jit
-def _combine_rows(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, rows, row_ok, d, d_mask, sink2,
-                  R: tl.constexpr, D: tl.constexpr, HAS_SINK: tl.constexpr):
-    """Merge n_parts partition states of one (sequence, KV head): elementwise per row, in
-    partition order, so the result does not depend on the launch shape.
+def _combine_row(ws_ml_ptr, ws_o_ptr, row0, n_parts, d, d_mask, sink2, R: tl.constexpr,
+                 D: tl.constexpr, UNROLL: tl.constexpr, HAS_SINK: tl.constexpr):
+    """Merge the n_parts partition states of one row (§1.4.3), in partition order.
 
-    ws_row0: int64 index of (seq, head, partition 0, row 0) in the [.., P, R] workspace.
-    Returns out [BLOCK_M, BLOCK_D] float32 and lse2 [BLOCK_M].
+    row0: int64 workspace row of (sequence, head, partition 0, this row); partition p is at
+    row0 + p * R. UNROLL partitions' states are loaded at once (latency), then folded one by one
+    in partition order (extraction by a masked sum is exact), so the arithmetic is elementwise
+    and identical in every launch shape. Returns out [1, BLOCK_D] float32 and lse2 [1].
     """
-    big_m = tl.full(rows.shape, float("-inf"), tl.float32)
-    for p in range(0, n_parts):
-        m_p = tl.load(ws_ml_ptr + 2 * (ws_row0 + p * R + rows), mask=row_ok,
-                      other=float("-inf"), cache_modifier=".cg")
-        big_m = tl.maximum(big_m, m_p)
-    m_safe = tl.where(big_m == float("-inf"), 0.0, big_m)
-    l_sum = tl.zeros(rows.shape, tl.float32)
-    acc = tl.zeros((rows.shape[0], d.shape[0]), tl.float32)
-    o_mask = row_ok[:, None] & d_mask[None, :]
-    for p in range(0, n_parts):
-        row = ws_row0 + p * R + rows  # [BLOCK_M] int64
-        m_p = tl.load(ws_ml_ptr + 2 * row, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-        l_p = tl.load(ws_ml_ptr + 2 * row + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
-        o_p = tl.load(ws_o_ptr + row[:, None] * D + d[None, :], mask=o_mask, other=0.0,
-                      cache_modifier=".cg")
-        w = l_p * tl.exp2(m_p - m_safe)  # [BLOCK_M]; 0 for an empty partition
-        l_sum += w
-        acc += w[:, None] * o_p
+    u_idx = tl.arange(0, UNROLL)
+    big_m = tl.full((1,), float("-inf"), tl.float32)
+    for p0 in range(0, n_parts, UNROLL):  # pass 1: the max (exact in any order)
+        pp = p0 + u_idx
+        m_p = tl.load(ws_ml_ptr + 2 * (row0 + pp * R), mask=pp < n_parts, other=float("-inf"),
+                      cache_modifier=".cg")  # [UNROLL]
+        big_m = tl.maximum(big_m, tl.max(m_p, axis=0))
+    m_safe = tl.where(big_m == float("-inf"), 0.0, big_m)  # [1]
+    l_sum = tl.zeros((1,), tl.float32)
+    acc = tl.zeros((1, d.shape[0]), tl.float32)
+    for p0 in range(0, n_parts, UNROLL):  # pass 2: weights w_p = l_p * exp2(m_p - M)
+        pp = p0 + u_idx
+        ok = pp < n_parts
+        row = row0 + pp * R  # [UNROLL] int64
+        m_p = tl.load(ws_ml_ptr + 2 * row, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        l_p = tl.load(ws_ml_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg")
+        o_p = tl.load(ws_o_ptr + row[:, None] * D + d[None, :], mask=ok[:, None] & d_mask[None, :],
+                      other=0.0, cache_modifier=".cg")  # [UNROLL, BLOCK_D]
+        w = l_p * tl.exp2(m_p - tl.max(m_safe, axis=0))  # [UNROLL]; 0 for an empty partition
+        for u in tl.static_range(UNROLL):
+            sel = u_idx == u
+            w_u = tl.sum(tl.where(sel, w, 0.0), axis=0)
+            o_u = tl.sum(tl.where(sel[:, None], o_p, 0.0), axis=0)  # [BLOCK_D]
+            l_sum += w_u
+            acc += w_u * o_u[None, :]
     return finalize_state(big_m, l_sum, acc, sink2, HAS_SINK)
+
+
+@triton.jit
+def _combine_and_store(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, r, h, s, d, d_mask, sinks_ptr,
+                       out_ptr, lse_ptr, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh,
+                       G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
+                       UNROLL: tl.constexpr, HAS_SINK: tl.constexpr, RETURN_LSE: tl.constexpr):
+    """Combine row r of (sequence s, KV head h) and write its output (and lse)."""
+    one = tl.arange(0, 1)
+    qi = one * 0 + r // G
+    qh = one * 0 + h * G + r % G
+    sink2 = tl.zeros((1,), tl.float32)
+    if HAS_SINK:
+        sink2 = tl.load(sinks_ptr + qh) * 1.4426950408889634
+    o, lse2 = _combine_row(ws_ml_ptr, ws_o_ptr, ws_row0 + r, n_parts, d, d_mask, sink2, R, D,
+                           UNROLL, HAS_SINK)
+    _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, one == 0, d_mask, v_scale, Hq, LQ,
+                stride_ob, stride_ot, stride_oh, RETURN_LSE)
 
 
 @triton.jit
@@ -167,7 +193,7 @@ def _decode_kernel(
         ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, CAUSAL: tl.constexpr,
         HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
         HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr,
-        IEEE: tl.constexpr):
+        UNROLL: tl.constexpr, IEEE: tl.constexpr):
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode.
     h = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
@@ -227,10 +253,10 @@ def _decode_kernel(
     if ONE_PASS:
         if n_parts > 1:
             tl.debug_barrier()  # this CTA's workspace stores are visible to all its threads
-            o, lse2 = _combine_rows(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, rows, row_ok, d,
-                                    d_mask, sink2, R, D, HAS_SINK)
-            _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, d_mask, v_scale, Hq,
-                        LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
+            for r in range(0, R):
+                _combine_and_store(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, r, h, s, d, d_mask,
+                                   sinks_ptr, out_ptr, lse_ptr, v_scale, Hq, LQ, stride_ob,
+                                   stride_ot, stride_oh, G, R, D, UNROLL, HAS_SINK, RETURN_LSE)
 
 
 @triton.jit
@@ -241,31 +267,25 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     Hq, LQ, P, PART,
                     stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
                     G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SINK: tl.constexpr,
+                    BLOCK_D: tl.constexpr, UNROLL: tl.constexpr, HAS_SINK: tl.constexpr,
                     HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr):
-    # grid: (Hkv, B); sequences with a single partition were finished by _decode_kernel.
+    # grid: (Hkv, B, R): one program per output row, so the partition loop of one row is the
+    # only serial work; sequences with a single partition were finished by _decode_kernel.
     h = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
+    r = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
     if n_parts > 1:
-        rows = tl.arange(0, BLOCK_M)
-        row_ok = rows < R
-        qi = rows // G
-        qh = h * G + rows % G
         d = tl.arange(0, BLOCK_D)
         d_mask = d < D
         v_scale = 1.0
         if HAS_KV_SCALE:
             v_scale = tl.load(v_scale_ptr + h)
-        sink2 = tl.zeros((BLOCK_M,), tl.float32)
-        if HAS_SINK:
-            sink2 = tl.load(sinks_ptr + qh, mask=row_ok, other=0.0) * 1.4426950408889634
         ws_row0 = ((s * tl.num_programs(0) + h) * P) * R
-        o, lse2 = _combine_rows(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, rows, row_ok, d, d_mask,
-                                sink2, R, D, HAS_SINK)
-        _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, d_mask, v_scale, Hq, LQ,
-                    stride_ob, stride_ot, stride_oh, RETURN_LSE)
+        _combine_and_store(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, r, h, s, d, d_mask, sinks_ptr,
+                           out_ptr, lse_ptr, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh,
+                           G, R, D, UNROLL, HAS_SINK, RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -282,6 +302,7 @@ _CONFIGS = {
 }
 _TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
 MAX_ROWS = 256  # G * Lq rows per program
+COMBINE_UNROLL = 8  # partition states loaded per round trip in the combine
 
 
 def _next_pow2(n):
@@ -289,6 +310,9 @@ def _next_pow2(n):
 
 
 def _config(block_d, rows, device):
+    env = os.environ.get("PAGEDATTN_DECODE_CONFIG")  # "BLOCK_N,num_warps,num_stages" (tuning)
+    if env:
+        return tuple(int(x) for x in env.split(","))
     fam = _TORCH_TO_FAMILY[bool(getattr(torch.version, "hip", None))]
     bucket = 16 if rows <= 16 else 64 if rows <= 64 else 256
     return _CONFIGS[fam][(128 if block_d <= 128 else 256, bucket)]
@@ -361,7 +385,7 @@ def run(call):
         ws_ml = ws_o = lse  # never touched: every sequence fits one partition
     dummy = torch.empty(1, **f32)
     has_kv_scale = call.k_cache.dtype in FP8_DTYPES and o.k_scale is not None
-    common = dict(G=group, R=rows, D=d, BLOCK_M=block_m, BLOCK_D=block_d,
+    common = dict(G=group, R=rows, D=d, BLOCK_D=block_d, UNROLL=COMBINE_UNROLL,
                   HAS_SINK=o.sinks is not None, HAS_KV_SCALE=has_kv_scale,
                   RETURN_LSE=call.return_lse)
     # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
@@ -387,13 +411,13 @@ def run(call):
         BLOCK_N=block_n, ONE_BLOCK=one_block, ONE_PASS=mode == "one_pass", CAUSAL=lq > 1,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
-        num_warps=num_warps, num_stages=num_stages, **common)
+        BLOCK_M=block_m, num_warps=num_warps, num_stages=num_stages, **common)
     if mode == "split" and n_part_max > 1:
-        # grid: (KV head, sequence); programs of single-partition sequences exit at once
-        _combine_kernel[(hkv, nb)](
+        # grid: (KV head, sequence, row); programs of single-partition sequences exit at once
+        _combine_kernel[(hkv, nb, rows)](
             seq_lens_ptr=call.seq_lens, v_scale_ptr=o.v_scale if has_kv_scale else dummy,
             sinks_ptr=o.sinks if o.sinks is not None else dummy, out_ptr=out4, lse_ptr=lse,
             ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, Hq=hq, LQ=lq, P=n_part_max, PART=part,
             stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
-            num_warps=4, **common)
+            num_warps=1 if block_d <= 128 else 2, **common)
     return lse.view(q.shape[:-1]) if call.return_lse else None

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One GPU session: install carried wheels (FlashInfer), run the GPU test tier, then benchmarks.
+# usage: scripts/gpu_run.sh OUT_DIR [tests|bench|all] [extra pytest args...]
+set -u
+OUT_DIR=${1:?out dir}; WHAT=${2:-all}; shift 2 || true
+mkdir -p "$OUT_DIR"
+cd "$(dirname "$0")/.."
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+export PYTHONUNBUFFERED=1 PAGEDATTN_VALIDATE=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT_DIR/device.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT_DIR/device.txt"
+if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
+  timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider -m "not compile" \
+    ${GPU_TESTS:-tests/test_triton_decode.py tests/test_triton_extend.py tests/test_triton_store_copy.py tests/test_hip_backend.py tests/test_dispatch.py} \
+    "$@" 2>&1 | tee "$OUT_DIR/gpu-tests.log" | tail -60
+fi
+if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
+  timeout ${BENCH_TIMEOUT:-480} python3 -m bench all --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench.log" | tail -80
+fi
