@@ -220,6 +220,7 @@ def max_err(out, ref) -> float:
 def markdown(df) -> str:
     from tabulate import tabulate
 
+    df = df.astype(object).where(df.notna(), None)  # missing cells print empty, not "nan"
     return tabulate(df, headers="keys", tablefmt="github", showindex=False, floatfmt=".4g")
 
 

@@ -10,6 +10,7 @@ paged + shared, and a static allocation of max_seq_len per request) and tokens/s
 """
 import argparse
 import time
+import traceback
 
 import torch
 
@@ -119,6 +120,10 @@ def run_replay(*, device: str = "cpu", backend: str = "auto", dtype: torch.dtype
             rows.append(run_workload(wl, model, backend=backend, seed=seed, repeats=repeats))
         except ImportError as e:  # a cache manager that has not landed yet
             notes.append(f"{wl.name}: skipped, {e}")
+        except Exception as e:  # noqa: BLE001 - an op's failure is a failed row, not a crash
+            traceback.print_exc()
+            rows.append({"workload": wl.name, "ok": False,
+                         "error": f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"})
         if progress:
             progress.step(wl.name)
         notes.append(f"{wl.name}: {wl.note}")
