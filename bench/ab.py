@@ -195,7 +195,8 @@ def run_ab(op: str, shapes, *, device: str, ceilings: Dict, baseline: Optional[s
             try:
                 fn = _flashinfer(op, x, s) if name == "flashinfer" else _ours(op, name, x, s.layout)
                 err = C.max_err(fn(), ref)
-                kw = cpu_reps if device == "cpu" else dict(cuda_graph=cuda_graph and name != "torch")
+                kw = (cpu_reps if device == "cpu"
+                      else dict(cuda_graph=cuda_graph and name != "torch"))
                 t = C.time_fn(fn, device=device, **kw)
             except ImportError:  # flashinfer not installed: no row
                 if progress:

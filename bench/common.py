@@ -181,7 +181,7 @@ def measure_ceilings(device: str, *, quick: bool = False) -> Dict[str, float]:
     import torch
 
     if device == "cuda":
-        n_bytes, mm_n, mm_dtype = (2 * 2 ** 30 if not quick else 512 * 2 ** 20), 8192, torch.bfloat16
+        n_bytes, mm_n, mm_dtype = 2 * 2 ** 30, 8192, torch.bfloat16  # quick or not: ~0.1 s
     else:
         n_bytes, mm_n, mm_dtype = 64 * 2 ** 20, (1024 if not quick else 512), torch.float32
     elem = torch.bfloat16 if device == "cuda" else torch.float32
@@ -272,7 +272,8 @@ class Progress:
     def step(self, label: str = "") -> None:
         self.n += 1
         fill = self.width * self.n // self.total
-        line = f"{self.desc} [{'#' * fill}{'.' * (self.width - fill)}] {self.n}/{self.total} {label}"
+        bar = "#" * fill + "." * (self.width - fill)
+        line = f"{self.desc} [{bar}] {self.n}/{self.total} {label}"
         if self.tty:
             sys.stderr.write("\r" + line[:120].ljust(120))
             if self.n >= self.total:

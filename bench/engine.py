@@ -203,8 +203,9 @@ class RadixEngine(_Engine):
         cu = torch.zeros(len(batch) + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(torch.tensor(qlens), 0)
         lens = torch.tensor([len(r.prompt) for r in batch], dtype=torch.int32)
-        attn = self._attn_extend(self._dev(torch.cat(slots)), self._dev(_table([r.slots for r in batch])),
-                                 self._dev(cu), self._dev(lens))
+        table = _table([r.slots for r in batch])
+        attn = self._attn_extend(self._dev(torch.cat(slots)), self._dev(table), self._dev(cu),
+                                 self._dev(lens))
         logits = self.model.forward(torch.tensor(toks), torch.tensor(pos), attn,
                                     logit_rows=cu[1:].to(torch.int64) - 1)
         for r, row in zip(batch, logits):

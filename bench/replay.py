@@ -130,11 +130,13 @@ def run_replay(*, device: str = "cpu", backend: str = "auto", dtype: torch.dtype
     c = model.cfg
     notes += [
         f"model: {c.layers} layers, {c.q_heads} q / {c.kv_heads} kv heads, head_dim {c.head_dim}, "
-        f"hidden {c.hidden}, vocab {c.vocab}, RoPE, seed {seed}, {str(dtype).replace('torch.', '')}",
+        f"hidden {c.hidden}, vocab {c.vocab}, RoPE, seed {seed}, "
+        f"{str(dtype).replace('torch.', '')}",
         "hit rate = prompt tokens served from the cache / prompt tokens; KV columns are peak "
         "token slots: static = peak running requests x max_seq_len "
         f"({c.max_seq_len}), paged = cache off, paged+shared = cache on",
-        "max|Δlogit| = cache on vs cache off over every generated position; vs dense = cache on vs "
+        "max|Δlogit| = cache on vs cache off over every generated position; "
+        "vs dense = cache on vs "
         f"a no-cache dense forward of the first requests; ok: |Δ| <= atol + rtol·|logit| with "
         f"(atol, rtol) = {TOL.get((device, dtype))}",
         "gen tok/s and speed-up (wall off / wall on) include Python scheduling overhead"

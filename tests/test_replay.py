@@ -106,4 +106,5 @@ def test_bench_run_quick_writes_tables(tmp_path):
     assert "commit:" in replay and "device:" in replay
     for wl in ("few-shot", "multi-turn", "parallel-sampling", "tree-search"):
         assert wl in replay
-    assert "Triton interpreter" in (tmp_path / "ab_decode.md").read_text() or torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        assert "Triton interpreter" in (tmp_path / "ab_decode.md").read_text()
