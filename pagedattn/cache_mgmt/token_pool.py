@@ -173,7 +173,9 @@ class PagedTokenPool(TokenPool):
         ps = self.page_size
         if arr.size % ps:
             raise ValueError(f"{name}: length {arr.size} is not a multiple of page_size={ps}")
-        rows = np.sort(arr).reshape(-1, ps)
+        rows = arr.reshape(-1, ps)                     # fast path: pages already in order
+        if (rows[:, 0] % ps).any() or (rows - rows[:, :1] != self._offs).any():
+            rows = np.sort(arr).reshape(-1, ps)
         if (rows[:, 0] % ps).any() or (rows - rows[:, :1] != self._offs).any():
             raise ValueError(f"{name}: slots do not form complete pages of size {ps}")
         return rows[:, 0] // ps
