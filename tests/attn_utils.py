@@ -97,15 +97,14 @@ def nan_tensor(shape, dtype, device):
 
 
 def dense_set(cache, layout, which, blk, off, val):
-    """cache[token (blk, off)] = val [H, D] by direct per-layout indexing."""
+    """cache[tokens (blk, off)] = val [L, H, D] (or [H, D] for one token) by direct indexing."""
     if layout == "bshd":
         cache[blk, off] = val
     elif which == "k" and layout in ("bhsd", "hcu"):
         cache[blk, :, off, :] = val
     elif which == "k":  # vllm K [n, h, D/x, b, x]
-        h, d = val.shape
         x = cache.shape[4]
-        cache[blk, :, :, off, :] = val.reshape(h, d // x, x)
+        cache[blk, :, :, off, :] = val.reshape(val.shape[:-1] + (val.shape[-1] // x, x))
     elif layout == "bhsd":
         cache[blk, :, off, :] = val
     else:  # vllm / hcu V [n, h, D, b]
@@ -113,12 +112,14 @@ def dense_set(cache, layout, which, blk, off, val):
 
 
 def dense_get(cache, layout, which, blk, off):
+    """Tokens (blk, off) as [L, H, D] (or [H, D] for scalar indices)."""
     if layout == "bshd":
         return cache[blk, off]
     if which == "k" and layout in ("bhsd", "hcu"):
         return cache[blk, :, off, :]
     if which == "k":
-        return cache[blk, :, :, off, :].reshape(cache.shape[1], -1)
+        t = cache[blk, :, :, off, :]
+        return t.reshape(t.shape[:-2] + (t.shape[-2] * t.shape[-1],))
     if layout == "bhsd":
         return cache[blk, :, off, :]
     return cache[blk, :, :, off]
@@ -156,13 +157,15 @@ def make_paged_batch(seq_lens: List[int], *, num_kv_heads: int, head_dim: int, b
         if pages[i] < width:
             table[i, pages[i]:] = torch.tensor([-1, num_blocks + 7], dtype=torch.int32).repeat(
                 width)[: width - pages[i]]
-        for t in range(fill_upto[i]):
-            blk, off = int(ids[t // block_size]), t % block_size
+        n = fill_upto[i]
+        if n:
+            t = torch.arange(n)
+            blk, off = ids[t // block_size], t % block_size
             for cache, which, sc in ((k_cache, "k", k_scale), (v_cache, "v", v_scale)):
-                val = torch.randn(num_kv_heads, head_dim, generator=gen)
+                val = torch.randn(n, num_kv_heads, head_dim, generator=gen)
                 if dtype in FP8:
-                    val = (val / sc.view(-1, 1)).clamp(-torch.finfo(dtype).max,
-                                                       torch.finfo(dtype).max)
+                    val = (val / sc.view(1, -1, 1)).clamp(-torch.finfo(dtype).max,
+                                                          torch.finfo(dtype).max)
                 dense_set(cache, layout, which, blk, off, val.to(dtype))
     k_cache, v_cache = k_cache.to(device), v_cache.to(device)
     if not contiguous:  # same layout, storage with gaps: a view of a wider buffer
@@ -184,16 +187,11 @@ def _strided_copy(c):
 
 def dense_kv(batch: PagedBatch, i: int, length: int, *, which_dtype=torch.float64):
     """Sequence i's first `length` tokens as dequantised [length, H, D] K and V (float64)."""
-    ks, vs = [], []
-    bs = batch.block_size
-    for t in range(length):
-        blk, off = int(batch.block_table[i, t // bs]), t % bs
-        ks.append(dense_get(batch.k_cache, batch.layout, "k", blk, off).to(which_dtype))
-        vs.append(dense_get(batch.v_cache, batch.layout, "v", blk, off).to(which_dtype))
-    h = batch.k_cache.shape[1] if batch.layout != "bshd" else batch.k_cache.shape[2]
-    d = batch.v_cache.shape[2] if batch.layout in ("vllm", "hcu") else batch.v_cache.shape[3]
-    k = torch.stack(ks) if ks else torch.zeros(0, h, d, dtype=which_dtype)
-    v = torch.stack(vs) if vs else torch.zeros(0, h, d, dtype=which_dtype)
+    t = torch.arange(length, device=batch.block_table.device)
+    blk = batch.block_table[i, t // batch.block_size].to(torch.int64)
+    off = t % batch.block_size
+    k = dense_get(batch.k_cache, batch.layout, "k", blk, off).to(which_dtype)
+    v = dense_get(batch.v_cache, batch.layout, "v", blk, off).to(which_dtype)
     if batch.k_scale is not None:
         k = k * batch.k_scale.to(which_dtype).view(1, -1, 1).to(k.device)
         v = v * batch.v_scale.to(which_dtype).view(1, -1, 1).to(v.device)
@@ -225,16 +223,16 @@ def dense_attention(q, k, v, q_pos, *, scale, causal=True, window=None, cap=None
         if alibi is not None:
             logits = logits + float(alibi[h]) * (j - p).double()
         logits = torch.where(vis, logits, torch.full_like(logits, float("-inf")))
-        for i in range(lq):
-            if not vis[i].any():
-                continue
-            s = logits[i]
-            m = s.max()
-            sink = float(sinks[h]) if sinks is not None else None
-            if sink is not None:
-                m = torch.maximum(m, torch.tensor(sink, dtype=torch.float64, device=q.device))
-            e = torch.exp(s - m)
-            den = e.sum() + (math.exp(sink - float(m)) if sink is not None else 0.0)
-            out[i, h] = (e / den) @ vh
-            lse[i, h] = torch.log(e.sum()) + m
+        rows = vis.any(dim=1)  # rows with a visible key; the others stay out 0 / lse -inf
+        m = logits.amax(dim=1, keepdim=True)
+        if sinks is not None:
+            m = torch.maximum(m, torch.full_like(m, float(sinks[h])))
+        m = torch.where(rows.view(-1, 1), m, torch.zeros_like(m))
+        e = torch.exp(logits - m)
+        den = e.sum(dim=1, keepdim=True)
+        lse_h = torch.log(den) + m
+        if sinks is not None:
+            den = den + torch.exp(float(sinks[h]) - m)
+        out[:, h] = torch.where(rows.view(-1, 1), (e / torch.where(den > 0, den, 1.0)) @ vh, 0.0)
+        lse[:, h] = torch.where(rows, lse_h.squeeze(1), float("-inf"))
     return out, lse
