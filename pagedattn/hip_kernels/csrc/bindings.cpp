@@ -9,6 +9,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <optional>
+#include <string>
 
 #include "attn_launch.h"
 
@@ -17,11 +18,31 @@ namespace {
 #define PK_CHECK_DEVICE(x, dev) \
   TORCH_CHECK((x).is_cuda() && (x).device() == (dev), #x " must be on device ", (dev), ", got ", (x).device())
 #define PK_CHECK_LAST_CONTIG(x) \
-  TORCH_CHECK((x).stride(-1) == 1, #x " must have a contiguous last dimension, got strides ", (x).strides())
-#define PK_CHECK_SHAPE(x, ...)                                                            \
-  TORCH_CHECK((x).sizes() == at::IntArrayRef({__VA_ARGS__}), #x " must have shape (" #__VA_ARGS__ \
-              "), got ", (x).sizes())
+  TORCH_CHECK((x).stride(-1) == 1, #x " must have a contiguous last dimension, got strides ", ints((x).strides()))
+#define PK_CHECK_SHAPE(x, ...) check_shape((x), #x, {__VA_ARGS__})
 #define PK_CHECK_DTYPE(x, dt) TORCH_CHECK((x).scalar_type() == (dt), #x " must be ", (dt), ", got ", (x).scalar_type())
+
+std::string ints(at::IntArrayRef v) {
+  std::string r = "(";
+  for (size_t i = 0; i < v.size(); ++i) r += std::to_string(v[i]) + (i + 1 < v.size() ? ", " : "");
+  return r + ")";
+}
+
+// CHECK_SHAPE: the message is built here from plain integers.
+void check_shape(const at::Tensor& t, const char* name, std::initializer_list<int64_t> want) {
+  bool ok = t.dim() == static_cast<int64_t>(want.size());
+  std::string w = "(", g = "(";
+  int64_t i = 0;
+  for (int64_t v : want) {
+    if (ok && t.size(i) != v) ok = false;
+    w += std::to_string(v) + (i + 1 < static_cast<int64_t>(want.size()) ? ", " : ")");
+    ++i;
+  }
+  if (ok) return;
+  for (int64_t j = 0; j < t.dim(); ++j) g += std::to_string(t.size(j)) + (j + 1 < t.dim() ? ", " : "");
+  g += ")";
+  TORCH_CHECK(false, std::string(name) + " must have shape " + w + ", got " + g);
+}
 
 enum Layout : int64_t { kBhsd = 0, kBshd = 1, kHcu = 3 };
 
@@ -42,8 +63,8 @@ struct CacheGeom {
 
 // Fill the cache strides of p for a layout and return (num_blocks, block_size, Hkv, D).
 CacheGeom cache_strides(const at::Tensor& k, const at::Tensor& v, int64_t layout, pk::AttnParams& p) {
-  TORCH_CHECK(k.dim() == 4 && v.dim() == 4, "k_cache and v_cache must be 4-D, got ", k.sizes(), " and ",
-              v.sizes());
+  TORCH_CHECK(k.dim() == 4 && v.dim() == 4, "k_cache and v_cache must be 4-D, got ", ints(k.sizes()), " and ",
+              ints(v.sizes()));
   CacheGeom g;
   if (layout == kBshd) {  // [N, B, H, D]
     g = {k.size(0), k.size(1), k.size(2), k.size(3)};
@@ -78,7 +99,7 @@ CacheGeom cache_strides(const at::Tensor& k, const at::Tensor& v, int64_t layout
   for (int64_t s : {p.k_stride_block, p.k_stride_token, p.k_stride_head, p.v_stride_block,
                     p.v_stride_head, layout == kHcu ? p.v_stride_dim : p.v_stride_token})
     TORCH_CHECK(s % epv == 0, "cache strides must be multiples of ", epv, " elements, got k ",
-                k.strides(), " v ", v.strides());
+                ints(k.strides()), " v ", ints(v.strides()));
   return g;
 }
 
@@ -86,7 +107,7 @@ void check_q_like(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.stride(-1) == 1, name, " must have a contiguous last dimension");
   TORCH_CHECK(t.stride(0) % 2 == 0 && t.stride(1) % 2 == 0 &&
                   reinterpret_cast<uintptr_t>(t.data_ptr()) % 4 == 0,
-              name, " must be 4-byte aligned with even strides, got ", t.strides());
+              name, " must be 4-byte aligned with even strides, got ", ints(t.strides()));
 }
 
 void check_scale(const std::optional<at::Tensor>& s, const char* name, bool fp8, int64_t hkv,
@@ -96,7 +117,7 @@ void check_scale(const std::optional<at::Tensor>& s, const char* name, bool fp8,
   PK_CHECK_DEVICE(*s, dev);
   PK_CHECK_DTYPE(*s, at::kFloat);
   TORCH_CHECK(s->dim() == 1 && s->size(0) == hkv && s->is_contiguous(), name,
-              " must be a contiguous float32 [num_kv_heads=", hkv, "], got ", s->sizes());
+              " must be a contiguous float32 [num_kv_heads=", hkv, "], got ", ints(s->sizes()));
 }
 
 void paged_decode(const at::Tensor& q,            // [S, Hq, D]
@@ -118,7 +139,7 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   const auto kvt = k_cache.scalar_type();
   const bool fp8 = kvt == at::kFloat8_e4m3fn || kvt == at::kFloat8_e5m2;
   TORCH_CHECK(fp8 || kvt == q.scalar_type(), "cache dtype must equal q's or be fp8, got ", kvt);
-  TORCH_CHECK(q.dim() == 3, "q must be [num_seqs, num_q_heads, head_dim], got ", q.sizes());
+  TORCH_CHECK(q.dim() == 3, "q must be [num_seqs, num_q_heads, head_dim], got ", ints(q.sizes()));
   check_q_like(q, "q");
 
   pk::AttnParams p{};
@@ -202,7 +223,7 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
   PK_CHECK_DTYPE(k_cache, q.scalar_type());
   PK_CHECK_DTYPE(v_cache, q.scalar_type());
   TORCH_CHECK(layout == kBhsd || layout == kBshd, "extend supports layouts bhsd (0) and bshd (1)");
-  TORCH_CHECK(q.dim() == 3, "q must be [tokens, num_q_heads, head_dim], got ", q.sizes());
+  TORCH_CHECK(q.dim() == 3, "q must be [tokens, num_q_heads, head_dim], got ", ints(q.sizes()));
   check_q_like(q, "q");
   pk::AttnParams p{};
   const CacheGeom g = cache_strides(k_cache, v_cache, layout, p);
