@@ -99,6 +99,13 @@ def load(verbose: bool = None):
     root.mkdir(parents=True, exist_ok=True)
     _stage(src)
     build.mkdir(exist_ok=True)
+    # torch's FileBaton leaves build/lock behind when a build is killed; every later load would
+    # wait on it forever. A lock older than any real build is stale.
+    lock = build / "lock"
+    stale_s = float(os.environ.get("PAGEDATTN_HIP_STALE_LOCK_S", "1200"))
+    if lock.exists() and time.time() - lock.stat().st_mtime > stale_s:
+        print(f"pagedattn: removing stale build lock {lock}", file=sys.stderr, flush=True)
+        lock.unlink(missing_ok=True)
     verbose = os.environ.get("PAGEDATTN_HIP_VERBOSE", "") not in ("", "0") if verbose is None else verbose
     common = ["-O3", "-std=c++17"]
     cuda_flags = common + aflags + ([] if is_rocm() else ["--expt-relaxed-constexpr"])
