@@ -5,10 +5,11 @@ folded (query token x GQA head) dimension, so BLOCK_M // GROUP_P query tokens sh
 The defaults work with autotuning off; ``PAGEDATTN_AUTOTUNE=1`` lets Triton choose among
 :func:`tune_space` per shape class (see ``extend_attention._launch``).
 
-NOTE on the sm_90 default (BLOCK_M 128, BLOCK_N 64, 8 warps, 3 stages for D <= 128): the FA2-class
-choice. A dense FA2 forward with BLOCK_N 128 measured 60-63 % of the matmul rate on the H200; the
-paged gather holds per-token pointers in registers, so the narrower N tile keeps headroom and
-three stages fit in shared memory (Q 32 KB + 3 x (K 16 KB + V 16 KB)).
+NOTE on the sm_90 default for D <= 128 (BLOCK_M 128, BLOCK_N 128, 8 warps, 2 stages): the H200
+autotune of 2026-11-30 (PAGEDATTN_AUTOTUNE=1 over tune_space, bf16, 32/8 heads, page 16) picked it
+for the (1, 0, 8192) and (4, 4096, 1024) shape classes over the earlier (128, 64, 8, 3) default,
+which measured 31 % of the matmul rate (bench/results/2026-11-30-h200/). Offline it spills about
+100 bytes; measured, it is still faster.
 """
 import functools
 import os
@@ -28,7 +29,7 @@ class TileConfig(NamedTuple):
 
 # family -> head_dim_padded upper bound -> config (the first bound >= D_P wins)
 _DEFAULTS: Dict[str, Dict[int, TileConfig]] = {
-    "sm90": {64: TileConfig(128, 64, 4, 3), 128: TileConfig(128, 64, 8, 3),
+    "sm90": {64: TileConfig(128, 64, 4, 3), 128: TileConfig(128, 128, 8, 2),
              256: TileConfig(64, 64, 4, 2)},
     "sm80": {64: TileConfig(128, 64, 4, 3), 128: TileConfig(128, 64, 8, 2),
              256: TileConfig(64, 32, 4, 2)},
