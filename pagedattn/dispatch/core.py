@@ -40,19 +40,20 @@ def load(name: str):
 
 ##### Data tables #####
 
-# NOTE: priors, not measurements: bench/results/ holds no A/B table yet. When the backend A/B
-# bench (`python -m bench ab`) writes bench/results/ab_decode.csv and ab_extend.csv for an arch,
-# reorder these rows from them. Keys: an arch, else its vendor; per op, else "*".
+# NOTE: AMD/Hygon rows are priors (no AMD/DCU hardware measured yet); the NVIDIA row follows the
+# H200 measurements of bench/results/2026-11-30-h200/. When the backend A/B bench
+# (`python -m bench ab`) writes ab_decode.csv / ab_extend.csv for an arch, reorder from them.
+# Keys: an arch, else its vendor; per op, else "*".
 # * AMD/Hygon: the hand-written kernels (KV-head grid, REUSE_KV_TIMES, buffer loads) are the
 #   fast path they were written to be; Triton second.
-# * NVIDIA decode: the HIP kernel reads each KV byte once per block for the whole GQA group.
-#   NVIDIA extend: Triton's tl.dot lowers to WGMMA on sm_90 (60-63 % of the matmul rate in the
-#   DESIGN calibration) while the HIP extend uses mma.sync, so Triton comes first.
+# * NVIDIA: Triton first. On the H200 the HIP (mma.sync) decode won only at (8, 8192) GQA 32/8
+#   (142 vs 309 us) and lost at (64, 4096) 32/8 and 32/32; the HIP extend reached half of
+#   Triton's rate (97 vs 185 TFLOP/s); and HIP needs a ~30 s nvcc build on first use.
 # * cpu / unknown GPUs: no HIP; Triton (the interpreter on cpu) then the torch reference.
 PREFERENCE = {
     "amd": {"*": ("hip", "triton", "torch")},
     "hygon": {"*": ("hip", "triton", "torch")},
-    "nvidia": {"paged_decode": ("hip", "triton", "torch"), "*": ("triton", "hip", "torch")},
+    "nvidia": {"*": ("triton", "hip", "torch")},
     "cpu": {"*": ("triton", "torch")},
     "unknown": {"*": ("triton", "torch")},
 }
