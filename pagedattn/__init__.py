@@ -7,6 +7,7 @@ __version__ = "0.1.0"
 
 from pagedattn.layouts import LAYOUTS, make_kv_cache  # noqa: E402
 from pagedattn.api import copy_blocks, extend_attention, paged_decode, store_kv  # noqa: E402
+from pagedattn.plan import DecodePlan, plan_decode, run_decode  # noqa: E402
 from pagedattn import dispatch  # noqa: E402
 
 __all__ = [
@@ -17,5 +18,8 @@ __all__ = [
     "extend_attention",
     "store_kv",
     "copy_blocks",
+    "DecodePlan",
+    "plan_decode",
+    "run_decode",
     "dispatch",
 ]
