@@ -138,8 +138,8 @@ def _combine_row(ws_ml_ptr, ws_o_ptr, row0, n_parts, d, d_mask, sink2, R: tl.con
 
 @triton.jit
 def _combine_and_store(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, r, h, s, d, d_mask, sinks_ptr,
-                       out_ptr, lse_ptr, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh,
-                       G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
+                       out_ptr, lse_ptr, v_scale, Hq, LQ, stride_ob: tl.int64,
+                       stride_ot: tl.int64, stride_oh: tl.int64, G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
                        UNROLL: tl.constexpr, HAS_SINK: tl.constexpr, RETURN_LSE: tl.constexpr):
     """Combine row r of (sequence s, KV head h) and write its output (and lse)."""
     one = tl.arange(0, 1)
