@@ -19,23 +19,15 @@ On a CPU it runs one tiny shape under the Triton interpreter and says so (timing
 import argparse
 import datetime
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from bench.common import git_commit
 
 SHAPES = [(1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512)]
 HEADS = [(32, 8), (32, 32)]
 BLOCKS = [16, 64]
 D = 128
-
-
-def _commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], text=True,
-                              capture_output=True, cwd=Path(__file__).resolve().parents[1],
-                              timeout=10).stdout.strip() or "unknown"
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 def _bench(fn, device):
@@ -217,7 +209,7 @@ def main(argv=None):
                     torch.cuda.empty_cache()
     df = pd.DataFrame(rows)
     header = (f"# paged decode bench\n\ndate {datetime.datetime.now().isoformat(timespec='seconds')}"
-              f" | commit {_commit()} | device {dev_name} | dtype {dtype} | D {D} | layout bhsd"
+              f" | commit {git_commit()} | device {dev_name} | dtype {dtype} | D {D} | layout bhsd"
               f"\n\nread bandwidth (x.sum over a large tensor, bytes read / time): "
               f"{bw / 1e9:.2f} GB/s; frac = (K+V+q+out bytes / time) / that; *_graph_* = "
               f"time per call replayed from a CUDA graph of 10 calls (how engines run decode); "

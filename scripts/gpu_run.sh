@@ -11,13 +11,16 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1 PAGEDATTN_VALIDATE=1
+# the device copy has no .git: pass PAGEDATTN_COMMIT=$(git rev-parse --short HEAD) from here
+export PAGEDATTN_COMMIT=${PAGEDATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT_DIR/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT_DIR/device.txt"
 if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
-  timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider -m "not compile" \
-    ${GPU_TESTS:-tests/test_triton_decode.py tests/test_triton_extend.py tests/test_triton_store_copy.py tests/test_hip_backend.py tests/test_dispatch.py} \
+  timeout ${TEST_TIMEOUT:-600} python3 -m pytest -q -p no:cacheprovider -rf --tb=short -m "not compile" \
+    ${GPU_TESTS:-tests/test_triton_decode.py tests/test_triton_extend.py tests/test_triton_store_copy.py tests/test_plan.py tests/test_hip_backend.py tests/test_dispatch.py tests/test_replay.py} \
     "$@" 2>&1 | tee "$OUT_DIR/gpu-tests.log" | tail -60
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
-  timeout ${BENCH_TIMEOUT:-480} python3 -m bench all --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench.log" | tail -80
+  python3 -m pagedattn.dispatch 2>&1 | tee "$OUT_DIR/dispatch.txt" | tail -20
+  timeout ${BENCH_TIMEOUT:-900} python3 -m bench all --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench.log" | tail -80
 fi
