@@ -83,21 +83,31 @@ def expected_victims(cache, n):
 
 
 def evict_and_check(cache, n):
-    """R6: evict(n) frees >= n, only unlocked leaves, in exactly the brute-force order."""
-    owner = {int(x.value[0]): x.nid for x in iter_nodes(cache)}
+    """R6: evict(n) frees >= n, only unlocked leaves, in exactly the brute-force order, all of
+    them in one pool.free call (victims' slots concatenated in eviction order)."""
+    owner = {int(s): x.nid for x in iter_nodes(cache) for s in x.value}
+    sizes = {x.nid: len(x) for x in iter_nodes(cache)}
     locked_before = set(tree_slots(cache, locked=True).tolist())
     want = expected_victims(cache, n)
-    got, real_free = [], cache.pool.free
+    calls, real_free = [], cache.pool.free
 
     def spy(slots):
-        got.append(owner[int(np.asarray(slots)[0])])
+        calls.append(np.asarray(slots).tolist())
         real_free(slots)
     cache.pool.free = spy
     try:
         freed = cache.evict(n)
     finally:
         del cache.pool.free
-    assert freed >= n and got == want
+    assert len(calls) == (1 if want else 0)
+    slots = calls[0] if calls else []
+    got, pos = [], 0
+    while pos < len(slots):                 # split the one call back into whole victims
+        nid = owner[slots[pos]]
+        assert [owner[s] for s in slots[pos:pos + sizes[nid]]] == [nid] * sizes[nid]
+        got.append(nid)
+        pos += sizes[nid]
+    assert freed >= n and got == want and freed == len(slots)
     assert locked_before <= set(tree_slots(cache).tolist())
     return freed
 

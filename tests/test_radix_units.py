@@ -35,9 +35,9 @@ def test_split_example_abcdef_abcxyz():
     assert cache.insert([A, B, C, X, Y, Z], s2, start=m) == 3
     cache.pool.free(s2[:3])
     root = cache.root()
-    (abc,) = root.children.values()
+    (abc,) = cache.child_nodes(root)
     assert np.frombuffer(abc.key, np.int64).tolist() == [A, B, C]
-    tails = sorted(np.frombuffer(c.key, np.int64).tolist() for c in abc.children.values())
+    tails = sorted(np.frombuffer(c.key, np.int64).tolist() for c in cache.child_nodes(abc))
     assert tails == [[D, E, F], [X, Y, Z]]
     assert cache.total_size() == 9
     cache.check_integrity()

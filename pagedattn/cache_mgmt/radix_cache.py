@@ -8,9 +8,12 @@ Performance design (see docs/radix_cache.md):
   memcmp in C, and children are keyed by the first page's bytes;
 * values are int64 numpy arrays, copied on store; a match concatenates them in one call;
 * `insert(..., start=match)` continues from a match handle instead of re-walking the prefix;
-* eviction order is kept incrementally (radix_evict.py): `evict` never scans all leaves;
-* nodes use __slots__, leaves have `children = None`, and a deleted node drops its parent and
-  children references so nothing waits for the cyclic garbage collector.
+* eviction order is kept incrementally (radix_evict.py): `evict` never scans all leaves, and
+  frees all its victims with one pool call;
+* no reference cycles and one GC-tracked object per node: the cache owns its nodes in one
+  `nid -> node` dict, a node points up to its parent object but down only by id (`children`
+  maps first-page bytes to child nids: a dict of bytes and ints, which the collector does not
+  track). A dropped tree is freed by reference counting, never by a collector pass.
 
 Namespaces: `extra_key` (LoRA id, tenant salt...) selects a separate root; namespaces never share
 nodes. Lock counts are per node and cover the path to the root (§2.3): `lock_ref(node)` is the
@@ -26,7 +29,7 @@ import numpy as np
 import torch
 
 from .errors import CacheError, ForeignId, LockError, OutOfBlocks
-from .radix_evict import EvictionIndex
+from .radix_evict import EvictionIndex, evict_leaves
 from .token_pool import PagedTokenPool, TokenPool, as_slot_array
 
 __all__ = ["RadixCache", "TreeNode", "MatchResult", "encode_tokens"]
@@ -67,7 +70,7 @@ class TreeNode:
     def __init__(self, key: bytes, value, parent, time: int, nid: int, owner: int, ns):
         self.key = key              # bytes, int64 tokens; b"" for a root
         self.value = value          # np.ndarray int64, len(key) // 8 slots, owns its memory
-        self.children = None        # dict[first-page bytes, TreeNode] or None for a leaf
+        self.children = None        # dict[first-page bytes, child nid] or None for a leaf
         self.parent = parent        # None for a root and for a deleted node
         self.lock_ref = 0
         self.time = time            # cache clock at the last touch
@@ -125,6 +128,7 @@ class RadixCache:
         self._evictable = 0
         self._protected = 0
         self._roots: dict = {}
+        self._nodes: dict[int, TreeNode] = {}   # every non-root node in the tree, by nid
         self._root(None)
 
     @classmethod
@@ -165,7 +169,7 @@ class RadixCache:
         (e.g. locked); the walk resumes there instead of at the root.
         """
         if isinstance(start, MatchResult):
-            start = (start.last_node, len(start.indices))
+            start = (start.last_node, start.indices.shape[0])
         return self._insert(tokens, indices, extra_key, start)[0]
 
     def inc_lock_ref(self, node: TreeNode) -> int:
@@ -217,6 +221,8 @@ class RadixCache:
         (LRU: oldest touch; LFU: fewest hits, then oldest). A parent left childless and unlocked
         becomes a leaf and competes with its old time (§2.4). Returns the tokens freed.
 
+        All victims' slots go back in one `pool.free` call; if it raises, the victims are put
+        back (tree, sizes and eviction order as before the call) and the error propagates.
         Raises ValueError for negative `num_tokens`, OutOfBlocks if it exceeds
         `evictable_size()` (nothing evicted). Locked paths are never touched.
         """
@@ -224,27 +230,7 @@ class RadixCache:
             raise ValueError(f"num_tokens: expected a non-negative int, got {num_tokens!r}")
         if num_tokens > self._evictable:
             raise OutOfBlocks(f"num_tokens={num_tokens} > evictable_size={self._evictable}")
-        freed, index, pb, pool = 0, self._index, self._pb, self.pool
-        while freed < num_tokens:
-            node = index.pop()
-            if node is None:  # pragma: no cover - guarded by the evictable_size check
-                raise CacheError("eviction index empty while evictable_size > 0")
-            try:
-                pool.free(node.value)
-            except BaseException:
-                index.add_old(node)
-                raise
-            parent = node.parent
-            del parent.children[node.key[:pb]]
-            node.parent = node.children = None  # no cycles left behind
-            n = len(node.value)
-            self._evictable -= n
-            freed += n
-            if not parent.children and parent.parent is not None:
-                parent.children = None
-                if parent.lock_ref == 0:
-                    index.add_old(parent)
-        return freed
+        return evict_leaves(self, num_tokens)
 
     def evictable_size(self) -> int:
         """Tokens in unlocked nodes (all of them reachable by repeated leaf eviction)."""
@@ -264,9 +250,10 @@ class RadixCache:
         node = self._roots.get(extra_key)
         pos, pb = 0, self._pb
         while node is not None and pos < n:
-            child = node.children.get(key[pos:pos + pb]) if node.children else None
-            if child is None:
+            cid = node.children.get(key[pos:pos + pb]) if node.children else None
+            if cid is None:
                 break
+            child = self._nodes[cid]
             ck = child.key
             if key[pos:pos + len(ck)] == ck and pos + len(ck) <= n:
                 pos += len(ck)
@@ -275,6 +262,11 @@ class RadixCache:
             pos += self._common(ck, key, pos, n)
             break
         return pos // _TB
+
+    def child_nodes(self, node: TreeNode) -> list:
+        """The children of `node` (TreeNode objects; `node.children` holds their nids)."""
+        nodes = self._nodes
+        return [nodes[c] for c in node.children.values()] if node.children else []
 
     def namespaces(self) -> list:
         return list(self._roots)
@@ -333,7 +325,7 @@ class RadixCache:
 
             parent --[k0 .. k_m)--> new --[k_m .. k_end)--> child
         """
-        t = m // _TB
+        t, pb = m // _TB, self._pb
         parent = child.parent
         new = TreeNode(child.key[:m], child.value[:t].copy(), parent, child.time,
                        next(self._nids), self._uid, child.ns)
@@ -341,20 +333,22 @@ class RadixCache:
         child.key = child.key[m:]
         child.value = child.value[t:].copy()
         child.parent = new
-        new.children = {child.key[:self._pb]: child}
-        parent.children[new.key[:self._pb]] = new
+        new.children = {child.key[:pb]: child.nid}
+        parent.children[new.key[:pb]] = new.nid
+        self._nodes[new.nid] = new
         return new
 
     def _walk(self, node: TreeNode, key: bytes, vals: list, count_hit: bool) -> TreeNode:
         """Descend from `node` along `key` (page-aligned), splitting where the match ends inside
         a node; touches and collects the values of the matched nodes. Returns the last node."""
         pb, clock, index, lfu = self._pb, self._clock, self._index, self._index._lfu
-        pos, n = 0, len(key)
+        nodes, pos, n = self._nodes, 0, len(key)
         while pos < n:
             children = node.children
-            child = children.get(key[pos:pos + pb]) if children else None
-            if child is None:
+            cid = children.get(key[pos:pos + pb]) if children else None
+            if cid is None:
                 break
+            child = nodes[cid]
             ck = child.key
             kl = len(ck)
             if key[pos:pos + kl] != ck:
@@ -409,7 +403,8 @@ class RadixCache:
                 node.children = {}
                 if node.where:
                     self._index.remove(node)
-            node.children[key[pos:pos + self._pb]] = leaf
+            node.children[key[pos:pos + self._pb]] = leaf.nid
+            self._nodes[leaf.nid] = leaf
             self._evictable += len(new)
             self._index.add(leaf)
             return pos // _TB, leaf, vals

@@ -1,4 +1,5 @@
-"""Incrementally kept eviction order over the evictable leaves of a RadixCache.
+"""Eviction for a RadixCache: the incrementally kept order of its evictable leaves
+(`EvictionIndex`) and the batched removal of victims (`evict_leaves`).
 
 Never rebuilds anything over all leaves: every operation is O(1) or O(log #promoted).
 
@@ -19,7 +20,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from heapq import heapify, heappop, heappush
 
-__all__ = ["EvictionIndex"]
+import numpy as np
+
+from .errors import CacheError
+
+__all__ = ["EvictionIndex", "evict_leaves"]
 
 FRESH, PROMOTED = 1, 2  # node.where; 0 = not an evictable leaf
 
@@ -124,3 +129,60 @@ class EvictionIndex:
                 if prev is not None and n.time < prev.time:
                     raise AssertionError(f"bucket {b} out of time order at node {n.nid}")
                 prev = n
+
+
+def evict_leaves(cache, num_tokens: int) -> int:
+    """RadixCache.evict after its argument checks: remove unlocked leaves in priority order
+    until `num_tokens` are gathered, then free all their slots with one `pool.free` call.
+
+    Nothing lost, even when the free raises: until the free has succeeded every victim is only
+    detached (its slots are in neither the tree nor the pool); on an exception `_reattach` puts
+    the victims back in reverse order, so the tree, the size counters and the eviction order
+    are as before the call, and the pool (all-or-nothing free) is unchanged.
+    """
+    index, pb = cache._index, cache._pb
+    victims = []                      # (node, parent became a leaf when node left)
+    freed = 0
+    while freed < num_tokens:
+        node = index.pop()
+        if node is None:  # pragma: no cover - guarded by the evictable_size check
+            _reattach(cache, victims)
+            raise CacheError("eviction index empty while evictable_size > 0")
+        parent = node.parent
+        kids = parent.children
+        del kids[node.key[:pb]]
+        freed += len(node.value)
+        promoted = not kids and parent.parent is not None
+        if promoted:
+            parent.children = None
+            if parent.lock_ref == 0:
+                index.add_old(parent)
+        victims.append((node, promoted))
+    if not victims:
+        return 0
+    slots = (victims[0][0].value if len(victims) == 1
+             else np.concatenate([v[0].value for v in victims]))
+    try:
+        cache.pool.free(slots)
+    except BaseException:
+        _reattach(cache, victims)
+        raise
+    nodes = cache._nodes
+    for node, _ in victims:
+        del nodes[node.nid]
+        node.parent = None            # marks the handle as evicted (RadixCache._check_node)
+    cache._evictable -= freed
+    return freed
+
+
+def _reattach(cache, victims) -> None:
+    """Undo the detaching part of `evict_leaves`, newest victim first."""
+    index, pb = cache._index, cache._pb
+    for node, promoted in reversed(victims):
+        parent = node.parent
+        if promoted:
+            if parent.where:
+                index.remove(parent)
+            parent.children = {}
+        parent.children[node.key[:pb]] = node.nid
+        index.add_old(node)           # keeps its (bucket, time, nid) priority

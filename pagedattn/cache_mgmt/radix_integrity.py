@@ -18,13 +18,14 @@ class IntegrityError(CacheError):
 
 def iter_nodes(cache):
     """Yield every non-root node of every namespace, parents before children."""
+    nodes = cache._nodes
     for root in cache._roots.values():
-        stack = list((root.children or {}).values())
+        stack = cache.child_nodes(root)
         while stack:
             node = stack.pop()
             yield node
             if node.children:
-                stack.extend(node.children.values())
+                stack.extend(nodes[c] for c in node.children.values())
 
 
 def _fail(msg: str):
@@ -32,8 +33,8 @@ def _fail(msg: str):
 
 
 def check_radix_integrity(cache) -> None:
-    pb, uid = cache._pb, cache._uid
-    evictable = protected = 0
+    pb, uid, nodes = cache._pb, cache._uid, cache._nodes
+    evictable = protected = n_nodes = 0
     leaves, slots = set(), []
     for ns, root in cache._roots.items():
         if root.key != b"" or root.parent is not None or root.lock_ref != 1 or root.ns != ns:
@@ -47,7 +48,10 @@ def check_radix_integrity(cache) -> None:
             if kids is not None and not kids and node.parent is not None:
                 _fail(f"R2: node {node.nid} has an empty children dict (must be None)")
             child_locks = 0
-            for first, c in (kids or {}).items():
+            for first, cid in (kids or {}).items():
+                c = nodes.get(cid)
+                if c is None or c.nid != cid:
+                    _fail(f"R2: child id {cid} of {node.nid} is not in the node table")
                 if c.parent is not node:
                     _fail(f"R2: child {c.nid} of {node.nid} has a different parent")
                 if first != c.key[:pb]:
@@ -58,6 +62,7 @@ def check_radix_integrity(cache) -> None:
                 stack.append(c)
             if node.parent is None:
                 continue
+            n_nodes += 1
             if node.owner != uid or node.ns != ns:
                 _fail(f"R2: node {node.nid} of another cache or namespace")
             n = len(node.key)
@@ -83,6 +88,8 @@ def check_radix_integrity(cache) -> None:
             if (node.where != 0) != (node in leaves):
                 _fail(f"R5: node {node.nid} eviction-index flag {node.where} is wrong")
             slots.append(v)
+    if n_nodes != len(nodes):
+        _fail(f"R2: node table holds {len(nodes)} nodes, the tree {n_nodes}")
     if (evictable, protected) != (cache._evictable, cache._protected):
         _fail(f"R4: counted evictable/protected {evictable}/{protected} != kept "
               f"{cache._evictable}/{cache._protected}")
@@ -112,12 +119,12 @@ def render_tree(cache, max_tokens: int = 8) -> str:
     for ns, root in cache._roots.items():
         lines.append(f"[root ns={ns!r}] evictable={cache._evictable} "
                      f"protected={cache._protected}")
-        stack = [(c, 1) for c in list((root.children or {}).values())[::-1]]
+        stack = [(c, 1) for c in cache.child_nodes(root)[::-1]]
         while stack:
             node, depth = stack.pop()
             toks = np.frombuffer(node.key, np.int64)
             more = "..." if len(toks) > max_tokens else ""
             lines.append(f"{'  ' * depth}{toks[:max_tokens].tolist()}{more} len={len(toks)} "
                          f"lock={node.lock_ref} t={node.time} hits={node.hits} nid={node.nid}")
-            stack.extend((c, depth + 1) for c in list((node.children or {}).values())[::-1])
+            stack.extend((c, depth + 1) for c in cache.child_nodes(node)[::-1])
     return "\n".join(lines)
