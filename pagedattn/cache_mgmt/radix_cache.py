@@ -30,7 +30,7 @@ import torch
 
 from .errors import CacheError, ForeignId, LockError, OutOfBlocks
 from .radix_evict import EvictionIndex, evict_leaves
-from .token_pool import PagedTokenPool, TokenPool, as_slot_array
+from .token_pool import PagedTokenPool, TokenPool, as_slot_array, out_of_range
 
 __all__ = ["RadixCache", "TreeNode", "MatchResult", "encode_tokens"]
 
@@ -411,7 +411,7 @@ class RadixCache:
         return n // _TB, node, vals
 
     def _check_new_slots(self, new: np.ndarray) -> None:
-        if new.size and (int(new.min()) < 0 or int(new.max()) >= self.pool.size):
+        if out_of_range(new, self.pool.size):
             raise ForeignId(f"indices: slot out of range [0, {self.pool.size})")
         if self.page_size > 1 and isinstance(self.pool, PagedTokenPool):
             self.pool.pages_of(new, "indices")

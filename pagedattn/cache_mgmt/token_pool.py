@@ -17,12 +17,14 @@ import torch
 
 from .errors import DoubleFree, ForeignId, OutOfBlocks
 
-__all__ = ["TokenPool", "PagedTokenPool", "as_slot_array"]
+__all__ = ["TokenPool", "PagedTokenPool", "as_slot_array", "out_of_range"]
 
 
 def as_slot_array(slots, name: str = "slots") -> np.ndarray:
     """A 1-D int64 numpy view/copy of `slots` (torch tensor, numpy array or sequence of ints)."""
     if isinstance(slots, torch.Tensor):
+        if slots.dtype == torch.int64 and slots.dim() == 1 and slots.is_cpu:
+            return slots.numpy()          # fast path (integer tensors never require grad)
         if slots.device.type != "cpu":
             raise ValueError(f"{name}: expected a CPU tensor, got device {slots.device}")
         if slots.dtype.is_floating_point or slots.dtype == torch.bool:
@@ -34,6 +36,19 @@ def as_slot_array(slots, name: str = "slots") -> np.ndarray:
             raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
         arr = arr.reshape(-1)
     return arr if arr.dtype == np.int64 else arr.astype(np.int64)
+
+
+def out_of_range(arr: np.ndarray, size: int) -> bool:
+    """Any value of the int64 array `arr` outside [0, size)? (one pass: negatives viewed as
+    uint64 are >= 2**63)."""
+    return bool(np.count_nonzero(arr.view(np.uint64) >= size))
+
+
+def _check_distinct(arr: np.ndarray, what: str) -> None:
+    if arr.size > 1:
+        srt = np.sort(arr)                # NOTE: np.unique costs ~10 us even on short arrays
+        if (srt[1:] == srt[:-1]).any():
+            raise DoubleFree(f"slots: {what} is listed twice")
 
 
 class TokenPool:
@@ -88,9 +103,7 @@ class TokenPool:
         if arr.size == 0:
             return
         self._check_owned(arr)
-        self._stack[self._top:self._top + arr.size] = arr
-        self._top += arr.size
-        self._is_free[arr] = True
+        self._push(arr)
 
     def is_free(self, slots) -> np.ndarray:
         """Boolean array: which of `slots` are free now (for checks and tests)."""
@@ -110,15 +123,23 @@ class TokenPool:
 
     ##### Internal #####
 
-    def _check_owned(self, arr: np.ndarray) -> None:
-        lo, hi = int(arr.min()), int(arr.max())
-        if lo < 0 or hi >= self.size:
-            raise ForeignId(f"slots: value out of range [0, {self.size}): min {lo}, max {hi}")
+    def _push(self, arr: np.ndarray) -> None:
+        """Put checked, owned, distinct slots back on the free stack."""
+        self._stack[self._top:self._top + arr.size] = arr
+        self._top += arr.size
+        self._is_free[arr] = True
+
+    def _check_owned(self, arr: np.ndarray, distinct: bool = True) -> None:
+        """ForeignId / DoubleFree unless every slot is in range, handed out and (if `distinct`)
+        listed once."""
+        if out_of_range(arr, self.size):
+            raise ForeignId(f"slots: value out of range [0, {self.size}): min {arr.min()}, "
+                            f"max {arr.max()}")
         if self._is_free[arr].any():
             bad = arr[self._is_free[arr]][:8].tolist()
             raise DoubleFree(f"slots: already free: {bad}")
-        if arr.size > 1 and np.unique(arr).size != arr.size:
-            raise DoubleFree("slots: a slot is listed twice")
+        if distinct:
+            _check_distinct(arr, "a slot")
 
 
 class PagedTokenPool(TokenPool):
@@ -163,9 +184,13 @@ class PagedTokenPool(TokenPool):
         arr = as_slot_array(slots)
         if arr.size == 0:
             return
-        self._check_owned(arr)
-        pages = self.pages_of(arr)
-        self._pages.free(pages)
+        self._check_owned(arr, distinct=False)
+        pages = self._whole_pages(arr) if arr.size % self.page_size == 0 else None
+        if pages is None:                 # errors in TokenPool's order: DoubleFree first
+            _check_distinct(arr, "a slot")
+            pages = self.pages_of(arr)
+        _check_distinct(pages, "a page")  # whole pages: distinct pages <=> distinct slots
+        self._pages._push(pages)
         self._is_free[arr] = True
 
     def pages_of(self, arr: np.ndarray, name: str = "slots") -> np.ndarray:
@@ -173,12 +198,22 @@ class PagedTokenPool(TokenPool):
         ps = self.page_size
         if arr.size % ps:
             raise ValueError(f"{name}: length {arr.size} is not a multiple of page_size={ps}")
-        rows = arr.reshape(-1, ps)                     # fast path: pages already in order
-        if (rows[:, 0] % ps).any() or (rows - rows[:, :1] != self._offs).any():
-            rows = np.sort(arr).reshape(-1, ps)
-        if (rows[:, 0] % ps).any() or (rows - rows[:, :1] != self._offs).any():
+        pages = self._whole_pages(arr)                 # fast path: each page's slots in order
+        if pages is None:
+            pages = self._whole_pages(np.sort(arr))
+        if pages is None:
             raise ValueError(f"{name}: slots do not form complete pages of size {ps}")
-        return rows[:, 0] // ps
+        return pages
+
+    def _whole_pages(self, arr: np.ndarray):
+        """Page ids if each run of page_size slots in `arr` is one page `p*P .. p*P+P-1` in
+        order, else None. One byte comparison against the pages rebuilt from each run's first
+        slot (rounded down to its page start) checks alignment and contiguity together."""
+        ps = self.page_size
+        pages = arr[::ps] // ps
+        if ((pages * ps)[:, None] + self._offs).tobytes() != arr.tobytes():
+            return None
+        return pages
 
     def free_slots(self) -> np.ndarray:
         return np.flatnonzero(self._is_free).astype(np.int64)
