@@ -153,10 +153,11 @@ class RadixCache:
         vals = []
         if n:
             self._clock += 1
-            node = self._walk(node, key if n == len(key) else key[:n], vals, True)
+            node = self._walk(node, key, 0, n, vals, True)[0]
         if not vals:
             return MatchResult(torch.empty(0, dtype=torch.int64), node)
-        return MatchResult(torch.from_numpy(np.concatenate(vals)), node)
+        out = vals[0].copy() if len(vals) == 1 else np.concatenate(vals)
+        return MatchResult(torch.from_numpy(out), node)
 
     def insert(self, tokens, indices, *, extra_key=None, start=None) -> int:
         """Cache `tokens[:L]` with slots `indices[:L]`, L = len(tokens) rounded down to a page.
@@ -314,7 +315,9 @@ class RadixCache:
         a = np.frombuffer(ck, np.int64, count=m)
         b = np.frombuffer(key, np.int64, count=m, offset=pos)
         neq = a != b
-        i = int(neq.argmax()) if neq.any() else m
+        i = int(neq.argmax())             # 0 when all equal: checked below
+        if not neq[i]:
+            i = m
         return (i - i % self.page_size) * _TB
 
     def _split(self, child: TreeNode, m: int) -> TreeNode:
@@ -338,11 +341,16 @@ class RadixCache:
         self._nodes[new.nid] = new
         return new
 
-    def _walk(self, node: TreeNode, key: bytes, vals: list, count_hit: bool) -> TreeNode:
-        """Descend from `node` along `key` (page-aligned), splitting where the match ends inside
-        a node; touches and collects the values of the matched nodes. Returns the last node."""
+    def _walk(self, node: TreeNode, key: bytes, pos: int, n: int, vals: list, count_hit: bool):
+        """Descend from `node` along `key[pos:n]` (page-aligned bounds), splitting where the
+        match ends inside a node; touches and collects the values of the matched nodes.
+        Returns (last node, end of the match in key bytes).
+
+        NOTE: `key` may run past `n` by less than a page. A node key, a multiple of pages, that
+        would reach past `n` makes `key[pos:pos + kl]` shorter than itself, so it never matches.
+        """
         pb, clock, index, lfu = self._pb, self._clock, self._index, self._index._lfu
-        nodes, pos, n = self._nodes, 0, len(key)
+        nodes = self._nodes
         while pos < n:
             children = node.children
             cid = children.get(key[pos:pos + pb]) if children else None
@@ -362,14 +370,12 @@ class RadixCache:
             vals.append(child.value)
             pos += kl
             node = child
-        return node
+        return node, pos
 
     def _insert(self, tokens, indices, extra_key, start):
         """insert(); returns (already_cached_len, last_node, cached_values_after_start)."""
         key = encode_tokens(tokens)
         n = len(key) - len(key) % self._pb
-        if n < len(key):
-            key = key[:n]
         idx = as_slot_array(indices, "indices")
         if idx.size * _TB < n:
             raise ValueError(f"indices: {idx.size} slots for {n // _TB} tokens to cache")
@@ -391,13 +397,11 @@ class RadixCache:
                 up = up.parent
         vals = []
         if pos < n:
-            last = self._walk(node, key[pos:] if pos else key, vals, False)
-            pos += sum(len(v) for v in vals) * _TB
-            node = last
+            node, pos = self._walk(node, key, pos, n, vals, False)
         if pos < n:
             new = idx[pos // _TB:n // _TB]
             self._check_new_slots(new)
-            leaf = TreeNode(key[pos:], new.copy(), node, self._clock, next(self._nids),
+            leaf = TreeNode(key[pos:n], new.copy(), node, self._clock, next(self._nids),
                             self._uid, extra_key)
             if node.children is None:
                 node.children = {}
