@@ -122,6 +122,10 @@ def check_partition(cache, owned=()):
             + sum(len(o) for o in owned)) == pool.size
 
 
+class FlakyFree(Exception):
+    pass
+
+
 # ---------------------------------------------------------------- machine 1: the raw API
 
 class RadixMachine(RuleBasedStateMachine):
@@ -212,6 +216,35 @@ class RadixMachine(RuleBasedStateMachine):
         evict_and_check(self.cache, int(ev * frac))
         self.sync_model()
 
+    @rule(frac=st.floats(0, 1))
+    def evict_free_fails(self, frac):                                          # D8
+        """The batched free raises: every victim goes back (state as before), then the same
+        evict succeeds in the brute-force order."""
+        c = self.cache
+        n = int(c.evictable_size() * frac)
+        before = (sorted((x.nid, x.key, x.value.tolist(), x.lock_ref, x.time, x.hits,
+                          x.parent.nid) for x in iter_nodes(c)),
+                  c.evictable_size(), c.protected_size(), c.pool.free_slots().tolist())
+
+        def boom(slots):
+            raise FlakyFree()
+        c.pool.free = boom
+        try:
+            if expected_victims(c, n):
+                with pytest.raises(FlakyFree):
+                    c.evict(n)
+            else:
+                assert c.evict(n) == 0
+        finally:
+            del c.pool.free
+        after = (sorted((x.nid, x.key, x.value.tolist(), x.lock_ref, x.time, x.hits,
+                         x.parent.nid) for x in iter_nodes(c)),
+                 c.evictable_size(), c.protected_size(), c.pool.free_slots().tolist())
+        assert after == before
+        c.check_integrity()
+        evict_and_check(c, n)
+        self.sync_model()
+
     def sync_model(self):
         free = set(self.cache.pool.free_slots().tolist())
         self.model = {k: s for k, s in self.model.items() if s[0] not in free}
@@ -243,10 +276,6 @@ TestRadixMachine = RadixMachine.TestCase
 
 
 # ---------------------------------------------------------------- machine 2: request lifecycle
-
-class FlakyFree(Exception):
-    pass
-
 
 class LifecycleMachine(RuleBasedStateMachine):
     @initialize(ps=st.sampled_from(PAGE_SIZES), pages=st.sampled_from([2, 7, 64]),
