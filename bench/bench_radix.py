@@ -6,8 +6,10 @@ prefill tokens saved, for workloads
   (a) 1,000 requests sharing a 3,000-token system prompt + 50-200 unique tokens,
   (b) 200 conversations x 8 turns (history re-sent every turn),
   (c) tree-search branches (shared problem prefix, 4-way branching, depth 4),
-plus latency with 1 M tokens already cached, evict cost vs number of leaves, and the longest
-garbage-collector pause seen (gc.callbacks). Page sizes 1 and 16.
+plus latency with 1 M tokens already cached, evict cost vs number of leaves (per call of 10
+leaves and per leaf), the longest garbage-collector pause seen (gc.callbacks), and the cost of
+one full collector pass with the 1 M-token tree alive (what a generation-2 collection would
+stall a request by; it grows with the number of GC-tracked objects). Page sizes 1 and 16.
 
 Peer: SGLang's RadixCache, only when importable from `--peer-path DIR` or $PAGEDATTN_PEER_SGLANG
 (an unpacked sglang wheel; nothing of SGLang is part of this repo).
@@ -152,6 +154,9 @@ def latency_at_1m(cls, ps, rng, quick):
     reqs = workload_b(rng, n_conv=50 if quick else 200, turns=4)
     row = replay(cache, reqs)
     row["cached_tok"] = cached
+    t0 = time.perf_counter()
+    gc.collect()
+    row["gc_pass_ms"] = (time.perf_counter() - t0) * 1e3
     return row
 
 
@@ -197,9 +202,13 @@ def main(argv=None):
             for leaves in ((1000, 8000) if q else (1000, 8000, 32000)):
                 us = evict_cost(cls, ps, rng, leaves)
                 rows.append(dict(impl=cls.name, page=ps, workload=f"evict10@{leaves}leaves",
-                                 med_us=us))
+                                 med_us=us, us_per_leaf=us / 10))
     df = pd.DataFrame(rows)
     text = tabulate(df, headers="keys", tablefmt="github", showindex=False, floatfmt=".3g")
+    load = "load average %.2f %.2f %.2f" % os.getloadavg()
+    text += (f"\n\n{os.cpu_count()} cores, {load} at the end (another process may share the "
+             "machine); med/p99/max: per request, µs; evict rows: med_us = one evict of 10 "
+             "leaves.")
     print(text)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
