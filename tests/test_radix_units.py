@@ -1,8 +1,6 @@
 """Example-based tests of the radix cache: §2.2 split, LRU/LFU order, locks, fault injection,
-regressions (TESTING.md §C/§D10), token pools, scheduling order, block-hash comparison (§2.1),
-batched eviction frees, garbage-collector footprint."""
-import gc
-
+regressions (TESTING.md §C/§D10), token pools, scheduling order, block-hash comparison (§2.1).
+Batched eviction frees and the garbage-collector footprint: test_radix_evict_gc.py."""
 import numpy as np
 import pytest
 import torch
@@ -277,111 +275,6 @@ def test_free_fails_during_evict_keeps_state():
     del cache.pool.free
     cache.check_integrity()
     assert cache.evictable_size() == 4 and cache.evict(4) == 4
-
-
-def _snapshot(cache):
-    """Everything observable about the tree, its accounting and the pool (children compared as
-    sets: the order of a children dict carries no meaning)."""
-    nodes = sorted((n.nid, n.key, n.value.tolist(), n.lock_ref, n.time, n.hits,
-                    getattr(n.parent, "nid", None), sorted(n.children.values())
-                    if n.children else None) for n in _nodes(cache))
-    return (nodes, cache.evictable_size(), cache.protected_size(),
-            sorted(cache.pool.free_slots().tolist()), sorted(m.nid for m in cache._index.members()))
-
-
-@pytest.mark.parametrize("ps", [1, 4])
-def test_evict_frees_all_victims_in_one_call(ps):
-    """Batched frees: one pool.free per evict, the victims' slots concatenated in eviction
-    order (promoted parents included); a call that evicts nothing does not call free."""
-    cache = RadixCache.create_simulated(64 * ps, page_size=ps)
-    s1 = put(cache, [1] * ps + [2] * ps)
-    s2 = put(cache, [1] * ps + [3] * ps)
-    s3 = put(cache, [5] * ps)
-    calls, real = [], cache.pool.free
-    cache.pool.free = lambda slots: (calls.append(np.asarray(slots).tolist()), real(slots))
-    assert cache.evict(0) == 0 and calls == []
-    assert cache.evict(3 * ps) == 3 * ps        # [2], [3], then the promoted parent [1]
-    want = s1[ps:2 * ps].tolist() + s2[ps:2 * ps].tolist() + s1[:ps].tolist()
-    assert calls == [want]
-    assert cache.evict(ps) == ps and calls[1] == s3[:ps].tolist()
-    del cache.pool.free
-    assert cache.total_size() == 0 and cache.pool.available_size() == cache.pool.size
-    cache.check_integrity()
-
-
-@pytest.mark.parametrize("ps", [1, 4])
-def test_evict_free_failure_puts_victims_back(ps):
-    """Nothing lost when the batched free raises: victims (a promoted parent among them, a
-    locked path beside them) go back exactly, and the next evict frees the same slots in the
-    same order as a twin cache that never failed."""
-    def build():
-        cache = RadixCache.create_simulated(64 * ps, page_size=ps)
-        for toks in ([1, 2], [1, 3], [4, 6], [4, 7], [5]):
-            put(cache, [t for t in toks for _ in range(ps)])
-        m = cache.match_prefix([4] * ps + [7] * ps)
-        cache.inc_lock_ref(m.last_node)
-        return cache, m
-
-    def spy(cache):
-        calls, real = [], cache.pool.free
-        cache.pool.free = lambda slots: (calls.append(np.asarray(slots).tolist()), real(slots))
-        return calls
-
-    cache, m = build()
-    twin, _ = build()
-    n = cache.evictable_size() - ps              # leaves [5] (the newest) in the tree
-    before = _snapshot(cache)
-
-    def boom(slots):
-        raise RuntimeError("free failed")
-    cache.pool.free = boom
-    with pytest.raises(RuntimeError):
-        cache.evict(n)
-    del cache.pool.free
-    cache.check_integrity()
-    assert _snapshot(cache) == before
-    got, want = spy(cache), spy(twin)
-    assert cache.evict(n) == twin.evict(n) >= n
-    assert got == want and len(got) == 1
-    assert cache.peek_prefix_len([4] * ps + [7] * ps) == 2 * ps     # locked path intact
-    cache.dec_lock_ref(m.last_node)
-    cache.check_integrity()
-
-
-def test_one_gc_tracked_object_per_node():
-    """Each node is one GC-tracked object: children dicts hold bytes -> int (untracked), keys
-    are bytes and values numpy arrays (untracked)."""
-    cache = RadixCache.create_simulated(256)
-    for toks in ([1, 2, 3, 4], [1, 2, 5], [1, 2, 5, 6], [7], [7, 8, 9]):
-        put(cache, toks)
-    nodes = _nodes(cache)
-    assert any(n.children for n in nodes)                   # internal nodes exist
-    for n in nodes:
-        assert gc.is_tracked(n)
-        assert not gc.is_tracked(n.key) and not gc.is_tracked(n.value)
-        assert n.children is None or not gc.is_tracked(n.children)
-    assert not gc.is_tracked(cache.root().children)
-
-
-def test_dropped_cache_is_freed_without_the_collector():
-    """No reference cycles: a tree (with splits, locks, evictions, promotions) is freed by
-    reference counting alone, so the cyclic collector finds nothing when it is dropped."""
-    gc.collect()
-    gc.disable()
-    try:
-        cache = RadixCache.create_simulated(64, page_size=2)
-        for toks in ([1, 2, 3, 4], [1, 2, 5, 6], [1, 2, 5, 6, 7, 8], [9, 9], [3, 3, 3, 3]):
-            put(cache, toks)
-        m = cache.match_prefix([1, 2, 5, 6])
-        cache.inc_lock_ref(m.last_node)
-        cache.evict(4)
-        cache.dec_lock_ref(m.last_node)
-        cache.evict(cache.evictable_size() // 2)
-        del cache, m
-        found = gc.collect()
-    finally:
-        gc.enable()
-    assert found == 0
 
 
 def test_admit_rolls_back_on_out_of_blocks():

@@ -14,6 +14,7 @@ Performance design (see docs/radix_cache.md):
   `nid -> node` dict, a node points up to its parent object but down only by id (`children`
   maps first-page bytes to child nids: a dict of bytes and ints, which the collector does not
   track). A dropped tree is freed by reference counting, never by a collector pass.
+  TreeNode, MatchResult and encode_tokens live in radix_node.py.
 
 Namespaces: `extra_key` (LoRA id, tenant salt...) selects a separate root; namespaces never share
 nodes. Lock counts are per node and cover the path to the root (§2.3): `lock_ref(node)` is the
@@ -22,80 +23,18 @@ number of live handles whose path contains the node; each root holds a permanent
 from __future__ import annotations
 
 import itertools
-from array import array
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from .errors import CacheError, ForeignId, LockError, OutOfBlocks
+from .errors import ForeignId, LockError, OutOfBlocks
 from .radix_evict import EvictionIndex, evict_leaves
+from .radix_node import _TB, MatchResult, TreeNode, encode_tokens
 from .token_pool import PagedTokenPool, TokenPool, as_slot_array, out_of_range
 
 __all__ = ["RadixCache", "TreeNode", "MatchResult", "encode_tokens"]
 
-_TB = 8  # bytes per token in a key (int64)
 _UIDS = itertools.count(1)
-
-
-def encode_tokens(tokens) -> bytes:
-    """Token ids -> the cache's key bytes (native int64). `bytes` input is taken as already encoded.
-
-    Encoding a request once and passing the bytes saves the conversion on every call.
-    """
-    if isinstance(tokens, bytes):
-        if len(tokens) % _TB:
-            raise ValueError(f"tokens: bytes length {len(tokens)} is not a multiple of 8")
-        return tokens
-    if isinstance(tokens, np.ndarray):
-        if tokens.size and tokens.dtype.kind not in "iu":
-            raise TypeError(f"tokens: expected integer token ids, got dtype {tokens.dtype}")
-        return np.ascontiguousarray(tokens, dtype=np.int64).tobytes()
-    if isinstance(tokens, torch.Tensor):
-        if tokens.dtype.is_floating_point:
-            raise TypeError(f"tokens: expected integer token ids, got {tokens.dtype}")
-        return tokens.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()
-    try:
-        return array("q", tokens).tobytes()
-    except TypeError as e:
-        raise TypeError(f"tokens: expected a sequence of ints ({e})") from None
-
-
-class TreeNode:
-    """One edge of the tree. Opaque handle for callers; fields are read-only outside this module."""
-
-    __slots__ = ("key", "value", "children", "parent", "lock_ref", "time", "hits", "nid",
-                 "where", "tok", "bucket", "owner", "ns")
-
-    def __init__(self, key: bytes, value, parent, time: int, nid: int, owner: int, ns):
-        self.key = key              # bytes, int64 tokens; b"" for a root
-        self.value = value          # np.ndarray int64, len(key) // 8 slots, owns its memory
-        self.children = None        # dict[first-page bytes, child nid] or None for a leaf
-        self.parent = parent        # None for a root and for a deleted node
-        self.lock_ref = 0
-        self.time = time            # cache clock at the last touch
-        self.hits = 0               # matches through this node (LFU)
-        self.nid = nid              # creation order; -1 for roots
-        self.where = 0              # eviction-index membership (radix_evict.py)
-        self.tok = 0
-        self.bucket = 0
-        self.owner = owner          # uid of the owning cache
-        self.ns = ns                # extra_key namespace
-
-    def __len__(self) -> int:
-        return len(self.key) // _TB
-
-    def __repr__(self) -> str:
-        return f"TreeNode(nid={self.nid}, len={len(self)}, lock_ref={self.lock_ref})"
-
-
-class MatchResult(NamedTuple):
-    """indices: int64 tensor [prefix_len], a fresh copy of the cached slots of the prefix.
-    last_node: the node ending the prefix (a root on a miss). The slots are only safe to use
-    while `last_node` is locked (`inc_lock_ref`): an unlocked path may be evicted and its slots
-    handed to another request."""
-    indices: torch.Tensor
-    last_node: TreeNode
 
 
 class RadixCache:
