@@ -277,10 +277,11 @@ def test_harness_would_catch_a_zero_output(device):
         assert_attn_close(torch.zeros_like(res), res, torch.float32)
 
 
-def _compile_offline(target):
+def _compile_offline(target, variant="default"):
     """Compile the sm_90 default config (bf16, D 128, group 4, page 16) for a real target.
 
     Runs in a subprocess without TRITON_INTERPRET (the interpreter replaces @triton.jit)."""
+    from pagedattn.triton_kernels._extend_variants import VARIANTS
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -290,7 +291,8 @@ def _compile_offline(target):
     cst = dict(K_X=8, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, GROUP=4, GROUP_P=4,
                HEAD_DIM=128, HEAD_DIM_P=128, PAGE=16, BLOCK_M=128, BLOCK_N=64, CAUSAL=True,
                NEW_FROM_CACHE=True, HAS_MASK=False, HAS_WINDOW=False, HAS_CAP=False,
-               HAS_ALIBI=False, HAS_SINKS=False, KV_FP8=False, RETURN_LSE=True, IEEE=False)
+               HAS_ALIBI=False, HAS_SINKS=False, KV_FP8=False, RETURN_LSE=True, IEEE=False,
+               VARIANT=VARIANTS[variant])
     ptr = {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32", "mask_ptr": "*u8",
            "mask_indptr_ptr": "*i32", "lse_ptr": "*fp32", "kscale_ptr": "*fp32",
            "vscale_ptr": "*fp32", "alibi_ptr": "*fp32", "sinks_ptr": "*fp32"}
@@ -315,14 +317,18 @@ def _compile_offline(target):
                            options=dict(num_warps=8, num_stages=3))
         assert "wgmma" in k.asm["ptx"], "sm_90 dots must use wgmma"
         assert "async_copy_global_to_local" in k.asm["ttgir"], "K/V loads must be pipelined"
+        if variant.startswith("pipe"):  # the point of the carried block ids (NOTES_extend.md)
+            assert "{num = 2 : i32}" in k.asm["ttgir"], "K/V must stay two tiles in flight"
     else:
         triton.compile(src, target=GPUTarget("hip", arch, 64),
                        options=dict(num_warps=4, num_stages=1, waves_per_eu=2,
                                     matrix_instr_nonkdim=16))
 
 
-@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
-def test_kernel_compiles_for_real_targets(target):
+@pytest.mark.parametrize("target,variant", [("cuda:90", "default"), ("hip:gfx942", "default")]
+                         + [("cuda:90", v) for v in ("onepass", "pages", "pipe", "pipe_fma")]
+                         + [("hip:gfx942", "pipe_fma")])
+def test_kernel_compiles_for_real_targets(target, variant):
     """The interpreter skips the real compiler (it accepted a non-constexpr global in jit code
     that the compiler rejects): compile offline for sm_90 and gfx942, no GPU needed."""
     import os
@@ -337,78 +343,53 @@ def test_kernel_compiles_for_real_targets(target):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), here, env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", "import test_triton_extend as t; "
-                        f"t._compile_offline({target!r})"], env=env, cwd=here,
+                        f"t._compile_offline({target!r}, {variant!r})"], env=env, cwd=here,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
 # ----------------------------------------------------------------------------------------------
-# GPU tier: real sizes, bf16, int32 overflow (§D5)
+# A/B loop variants (PAGEDATTN_EXTEND_VARIANT; pagedattn/triton_kernels/_extend_variants.py)
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.gpu
-@BF16_SKIP
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("new_from", ["cache", "k_new"])
-def test_gpu_bf16_real_sizes(device, layout, new_from):
-    run_case(device, layout=layout, dtype=torch.bfloat16, heads=(32, 8), d=128, bs=16,
-             prefixes=[1000, 0, 517, 64], extends=[300, 257, 1, 129], new_from=new_from,
-             seed=20)
+VARIANT_NAMES = ["onepass", "pages", "pipe", "pipe_fma"]
+# Interpreter tiles are 16 x 16: page 1 (16 ids per tile), 4 (page < tile), 16 (= tile) and
+# 32 (a tile is half a page: start % PAGE != 0). Prefixes off the page and tile grid.
+VARIANT_CASES = [
+    dict(layout="bhsd", dtype=torch.float16, heads=(8, 2), bs=4, prefixes=[21, 0, 7],
+         extends=[9, 20, 1]),
+    dict(layout="vllm", dtype=torch.float32, heads=(5, 1), bs=16, prefixes=[35, 3],
+         extends=[18, 2]),
+    dict(layout="hcu", dtype=torch.float16, heads=(4, 4), bs=1, prefixes=[17, 0],
+         extends=[5, 19], causal=False),
+    dict(layout="bshd", dtype=torch.float32, heads=(8, 2), bs=32, d=80, prefixes=[40, 0],
+         extends=[7, 3], opts={"logit_cap": 5.0, "alibi_slopes": torch.rand(8) * 0.5,
+                               "sinks": torch.randn(8)}),
+    dict(layout="bhsd", dtype=torch.float16, kv_dtype=FP8[0], heads=(8, 2), bs=4,
+         prefixes=[9, 0], extends=[5, 7]),
+]
 
 
-@pytest.mark.gpu
-@BF16_SKIP
-@pytest.mark.parametrize("dtype,kv", [(torch.bfloat16, None), (torch.float16, FP8[0])])
-def test_gpu_options_real_sizes(device, dtype, kv):
-    o = {"sliding_window": 200, "logit_cap": 30.0, "sinks": torch.randn(32)}
-    run_case(device, layout="bshd", dtype=dtype, kv_dtype=kv, heads=(32, 8), d=128, bs=16,
-             prefixes=[700, 0], extends=[333, 200], opts=o, seed=21)
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+@pytest.mark.parametrize("case", range(len(VARIANT_CASES)))
+def test_extend_variant(device, monkeypatch, variant, case):
+    from pagedattn.triton_kernels import _extend_variants as V
+    monkeypatch.setenv(V.ENV, variant)
+    c = VARIANT_CASES[case]
+    assert V.resolve(new_from_cache=True, has_mask=False, has_window=False, page=c["bs"]) \
+        == V.VARIANTS[variant], "the variant must actually run for this case"
+    run_case(device, seed=30 + case, **c)
 
 
-@pytest.mark.gpu
-def test_gpu_overflow_query_offsets(device):
-    """§D5 / SGLang #20389: total query tokens x Hq x D > 2^31 elements (q and out offsets)."""
-    hq, hkv, d, lq = 64, 8, 128, 128
-    nseq = 262_144 // lq + 8
-    t = nseq * lq
-    assert t * hq * d > 2 ** 31, "the case must pass the int32 range"
-    q = torch.randn(t, hq, d, device=device, dtype=torch.float16)
-    kn = torch.randn(t, hkv, d, device=device, dtype=torch.float16)
-    vn = torch.randn_like(kn)
-    kc = torch.full((2, hkv, 16, d), float("nan"), device=device, dtype=torch.float16)
-    table = torch.zeros(nseq, 1, dtype=torch.int32, device=device)
-    lens = torch.full((nseq,), lq, dtype=torch.int32, device=device)
-    cu = torch.arange(0, t + 1, lq, dtype=torch.int32, device=device)
-    out = pa.extend_attention(q, kc, kc.clone(), table, cu, lens, k_new=kn, v_new=vn,
-                              max_q_len=lq, backend="triton")
-    for i in (0, nseq - 1):  # the last request's rows sit past 2^31 elements
-        s = slice(i * lq, (i + 1) * lq)
-        ro, _ = dense_attention(q[s], kn[s], vn[s], range(lq), scale=d ** -0.5)
-        assert_attn_close(out[s], ro, torch.float16, what=f"request {i}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["bhsd", "vllm"])
-def test_gpu_overflow_cache_offsets(device, layout):
-    """§D5 / vLLM PR #47671: the request's pages are the top ids of a cache whose last block
-    starts past 2^31 elements (block x stride computed in int32 would wrap)."""
-    hkv, d, bs, nblk = 8, 128, 16, 140_000
-    kc, vc = pa.make_kv_cache(nblk, bs, hkv, d, layout=layout, dtype=torch.float16,
-                              device=device)
-    assert (nblk - 1) * kc.stride(0) > 2 ** 31, "last block must start past the int32 range"
-    prefix, lq = 1000, 24
-    n = prefix + lq
-    pages = (n + bs - 1) // bs
-    ids = torch.arange(nblk - pages, nblk, device=device).flip(0)  # top ids, reversed
-    kc.fill_(float("nan")), vc.fill_(float("nan"))  # poison: the pool outside the request
-    gen = torch.Generator(device=device).manual_seed(22)
-    kc[ids.long()] = torch.randn(kc[ids.long()].shape, generator=gen, device=device).half()
-    vc[ids.long()] = torch.randn(vc[ids.long()].shape, generator=gen, device=device).half()
-    table = ids.to(torch.int32).view(1, -1)
-    lens = torch.tensor([n], dtype=torch.int32, device=device)
-    q = torch.randn(lq, 32, d, generator=gen, device=device).half()
-    out = pa.extend_attention(q, kc, vc, table, _cu([lq], device), lens, layout=layout,
-                              backend="triton")
-    k, v = pa.layouts.gather_kv(kc, vc, table[0], n, layout)
-    ro, _ = dense_attention(q, k, v, range(prefix, n), scale=d ** -0.5)
-    assert_attn_close(out, ro, torch.float16)
+def test_extend_variant_falls_back_and_rejects_unknown(device, monkeypatch):
+    """k_new, a window or a custom mask run the default loop; an unknown name is an error."""
+    from pagedattn.triton_kernels import _extend_variants as V
+    monkeypatch.setenv(V.ENV, "pipe_fma")
+    assert V.resolve(new_from_cache=False, has_mask=False, has_window=False, page=16) == 0
+    assert V.resolve(new_from_cache=True, has_mask=False, has_window=True, page=16) == 0
+    assert V.resolve(new_from_cache=True, has_mask=False, has_window=False, page=12) == 0
+    run_case(device, layout="bshd", dtype=torch.float32, heads=(8, 2), bs=4, prefixes=[6, 0],
+             extends=[5, 9], new_from="k_new", opts={"sliding_window": 4}, seed=40)
+    monkeypatch.setenv(V.ENV, "nope")
+    with pytest.raises(ValueError, match="PAGEDATTN_EXTEND_VARIANT"):
+        V.requested()

@@ -81,11 +81,25 @@ def triton_next_pow2(n: int) -> int:
 
 def default_config(device: torch.device, head_dim_p: int, group_p: int,
                    max_q_len: int) -> TileConfig:
+    forced = config_override()
+    if forced is not None:
+        return _fit(forced, group_p, max_q_len)
     table = _DEFAULTS[family_of(device)]
     for bound in sorted(table):
         if head_dim_p <= bound:
             return _fit(table[bound], group_p, max_q_len)
     return _fit(table[max(table)], group_p, max_q_len)
+
+
+def config_override() -> "TileConfig | None":
+    """``PAGEDATTN_EXTEND_CONFIG=BLOCK_M,BLOCK_N,WARPS,STAGES`` (A/B runs): replaces the default."""
+    raw = os.environ.get("PAGEDATTN_EXTEND_CONFIG", "")
+    if not raw:
+        return None
+    try:
+        return TileConfig(*(int(x) for x in raw.split(",")))
+    except (TypeError, ValueError):
+        raise ValueError(f"PAGEDATTN_EXTEND_CONFIG={raw!r}: expected BLOCK_M,BLOCK_N,WARPS,STAGES")
 
 
 def autotune_enabled() -> bool:
@@ -113,3 +127,32 @@ def shape_class(total_q: int, max_q_len: int) -> int:
     def b(n):
         return min(6, max(0, (max(n, 1).bit_length() - 1) // 2))
     return b(max_q_len) * 8 + b(total_q // 64)
+
+
+_TUNED: Dict[str, object] = {}
+
+
+def autotuned(kernel):
+    """``kernel`` wrapped in triton.autotune over :func:`tune_space` (built once, on first use)."""
+    if "k" not in _TUNED:
+        import triton
+
+        dev = torch.device("cuda", torch.cuda.current_device())
+        cfgs = []
+        for c in tune_space(dev, 128):
+            kw = {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}
+            if c.waves_per_eu:
+                kw.update(waves_per_eu=c.waves_per_eu, matrix_instr_nonkdim=c.matrix_instr_nonkdim)
+            cfgs.append(triton.Config(kw, num_warps=c.num_warps, num_stages=c.num_stages))
+
+        def prune(configs, named_args, **kw):  # BLOCK_M must hold at least one head group
+            g = kw.get("GROUP_P", named_args.get("GROUP_P", 1))
+            dp = kw.get("HEAD_DIM_P", named_args.get("HEAD_DIM_P", 128))
+            keep = [c for c in configs if c.kwargs["BLOCK_M"] >= g
+                    and (dp <= 128 or c.kwargs["BLOCK_N"] <= 64)]
+            return keep or configs[:1]
+        _TUNED["k"] = triton.autotune(
+            configs=cfgs, key=["tune_class", "HEAD_DIM_P", "GROUP_P", "PAGE", "KV_FP8", "CAUSAL",
+                               "VARIANT"],
+            prune_configs_by={"early_config_prune": prune})(kernel)
+    return _TUNED["k"]

@@ -22,6 +22,7 @@ import triton.language as tl
 from pagedattn import layouts as L
 from pagedattn.reference import is_fp8
 from pagedattn.triton_kernels import _extend_configs as C
+from pagedattn.triton_kernels import _extend_variants as V
 from pagedattn.triton_kernels._common import (LN2, LOG2E, alibi_bias, finalize_state, kv_offset,
                                               online_softmax_step, soft_cap, visible)
 
@@ -172,6 +173,7 @@ def _extend_fwd(
     CAUSAL: tl.constexpr, NEW_FROM_CACHE: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_SINKS: tl.constexpr, KV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
+    VARIANT: tl.constexpr,  # 0: the loop below; else an A/B variant (_extend_variants.py)
 ):
     # Preconditions (launcher): BLOCK_M % GROUP_P == 0, GROUP <= GROUP_P, HEAD_DIM <= HEAD_DIM_P,
     # powers of 2 for every tile dim, q/out/k_new last dim contiguous, 0 <= Lq <= Lk.
@@ -218,49 +220,59 @@ def _extend_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
 
-    # A window hides keys j <= p - W from every row once p >= tok0's position: skip those tiles.
-    lo1 = 0
-    lo2 = 0
-    if HAS_WINDOW:
-        lo1 = tl.maximum(prefix + tok0 - window + 1, 0) // BLOCK_N * BLOCK_N
-        lo2 = tl.maximum(tok0 - window + 1, 0) // BLOCK_N * BLOCK_N
-    ANY_MASK: tl.constexpr = HAS_WINDOW or HAS_MASK
-    TRI: tl.constexpr = CAUSAL and not HAS_MASK
-    FROM_NEW: tl.constexpr = not NEW_FROM_CACHE
-
-    # Stage 1: the prefix [0, P), a dense rectangle. Full tiles run unmasked; the partial last
-    # tile (and every tile under a window or custom mask) runs masked.
-    full1 = lo1 if ANY_MASK else prefix // BLOCK_N * BLOCK_N
-    for MASKED in tl.static_range(2):
-        acc, m_i, l_i = _stage(
-            acc, m_i, l_i, q, tl.maximum(full1, lo1) if MASKED else lo1,
-            prefix if MASKED else full1, prefix, 0, row_pos, row_ok, slope2, scale_1,
-            logit_cap, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr,
-            vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
-            stride_vt, stride_vh, stride_vdh, stride_vdl, stride_nt, stride_nh, K_X, K_SPLIT,
-            K_LO_ONE, V_LO_ONE, PAGE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, MASKED == 1, True, False,
-            False, HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
-
-    # Stage 2: the new keys r in [0, Lq) at positions P + r. Causal: a lower triangle; the loop
-    # stops at the block's diagonal (keys past its last query are never loaded: early exit).
-    # Tiles entirely at or below the block's first query run unmasked.
-    if TRI:
-        hi2 = tl.minimum(lq, tok0 + BLOCK_Q)
-        full2 = (tok0 + 1) // BLOCK_N * BLOCK_N
+    if VARIANT != 0:  # cached K/V, no custom mask or window: one pass (launcher checks)
+        acc, m_i, l_i = V.one_pass(
+            acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, scale_1, logit_cap, bt_row,
+            kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
+            stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE,
+            VARIANT, PAGE, BLOCK_Q, BLOCK_N, HEAD_DIM, HEAD_DIM_P, CAUSAL, HAS_CAP, HAS_ALIBI,
+            KV_FP8, IEEE)
     else:
-        hi2 = lq
-        full2 = lq // BLOCK_N * BLOCK_N
-    if ANY_MASK:
-        full2 = lo2
-    for MASKED in tl.static_range(2):
-        acc, m_i, l_i = _stage(
-            acc, m_i, l_i, q, tl.maximum(full2, lo2) if MASKED else lo2,
-            hi2 if MASKED else full2, lq, prefix, row_pos, row_ok, slope2, scale_2, logit_cap,
-            inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr, vn_ptr, mask_ptr,
-            stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt,
-            stride_vh, stride_vdh, stride_vdl, stride_nt, stride_nh, K_X, K_SPLIT, K_LO_ONE,
-            V_LO_ONE, PAGE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, MASKED == 1, False, FROM_NEW, TRI,
-            HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
+        # A window hides keys j <= p - W from every row once p >= tok0's position: skip those
+        # tiles.
+        lo1 = 0
+        lo2 = 0
+        if HAS_WINDOW:
+            lo1 = tl.maximum(prefix + tok0 - window + 1, 0) // BLOCK_N * BLOCK_N
+            lo2 = tl.maximum(tok0 - window + 1, 0) // BLOCK_N * BLOCK_N
+        ANY_MASK: tl.constexpr = HAS_WINDOW or HAS_MASK
+        TRI: tl.constexpr = CAUSAL and not HAS_MASK
+        FROM_NEW: tl.constexpr = not NEW_FROM_CACHE
+
+        # Stage 1: the prefix [0, P), a dense rectangle. Full tiles run unmasked; the partial
+        # last tile (and every tile under a window or custom mask) runs masked.
+        full1 = lo1 if ANY_MASK else prefix // BLOCK_N * BLOCK_N
+        for MASKED in tl.static_range(2):
+            acc, m_i, l_i = _stage(
+                acc, m_i, l_i, q, tl.maximum(full1, lo1) if MASKED else lo1,
+                prefix if MASKED else full1, prefix, 0, row_pos, row_ok, slope2, scale_1,
+                logit_cap, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr,
+                vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
+                stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, stride_nt, stride_nh, K_X,
+                K_SPLIT, K_LO_ONE, V_LO_ONE, PAGE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, MASKED == 1,
+                True, False, False, HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
+
+        # Stage 2: the new keys r in [0, Lq) at positions P + r. Causal: a lower triangle; the
+        # loop stops at the block's diagonal (keys past its last query are never loaded).
+        # Tiles entirely at or below the block's first query run unmasked.
+        if TRI:
+            hi2 = tl.minimum(lq, tok0 + BLOCK_Q)
+            full2 = (tok0 + 1) // BLOCK_N * BLOCK_N
+        else:
+            hi2 = lq
+            full2 = lq // BLOCK_N * BLOCK_N
+        if ANY_MASK:
+            full2 = lo2
+        for MASKED in tl.static_range(2):
+            acc, m_i, l_i = _stage(
+                acc, m_i, l_i, q, tl.maximum(full2, lo2) if MASKED else lo2,
+                hi2 if MASKED else full2, lq, prefix, row_pos, row_ok, slope2, scale_2,
+                logit_cap, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr,
+                vn_ptr, mask_ptr,
+                stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt,
+                stride_vh, stride_vdh, stride_vdl, stride_nt, stride_nh, K_X, K_SPLIT, K_LO_ONE,
+                V_LO_ONE, PAGE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, MASKED == 1, False, FROM_NEW, TRI,
+                HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
 
     # Epilogue: normalise (sinks join the denominator only), v_scale, store; empty rows -> 0/-inf.
     sink2 = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -278,33 +290,6 @@ def _extend_fwd(
 # ----------------------------------------------------------------------------------------------
 # launcher
 # ----------------------------------------------------------------------------------------------
-
-_TUNED = {}
-
-
-def _autotuned():
-    """The kernel wrapped in triton.autotune (built once, on first use with PAGEDATTN_AUTOTUNE=1)."""
-    if "k" not in _TUNED:
-        dev = torch.device("cuda", torch.cuda.current_device())
-        space = C.tune_space(dev, 128)
-        cfgs = []
-        for c in space:
-            kw = {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}
-            if c.waves_per_eu:
-                kw.update(waves_per_eu=c.waves_per_eu, matrix_instr_nonkdim=c.matrix_instr_nonkdim)
-            cfgs.append(triton.Config(kw, num_warps=c.num_warps, num_stages=c.num_stages))
-
-        def prune(configs, named_args, **kw):  # BLOCK_M must hold at least one head group
-            g = kw.get("GROUP_P", named_args.get("GROUP_P", 1))
-            dp = kw.get("HEAD_DIM_P", named_args.get("HEAD_DIM_P", 128))
-            keep = [c for c in configs if c.kwargs["BLOCK_M"] >= g
-                    and (dp <= 128 or c.kwargs["BLOCK_N"] <= 64)]
-            return keep or configs[:1]
-        _TUNED["k"] = triton.autotune(
-            configs=cfgs, key=["tune_class", "HEAD_DIM_P", "GROUP_P", "PAGE", "KV_FP8", "CAUSAL"],
-            prune_configs_by={"early_config_prune": prune})(_extend_fwd)
-    return _TUNED["k"]
-
 
 def unsupported(**facts) -> list:
     """Reasons this kernel cannot serve a call ([] = it can). Facts: q, k_cache, geom, ..."""
@@ -375,15 +360,18 @@ def run(call):
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, HAS_SINKS=o.sinks is not None, KV_FP8=kv_fp8,
         RETURN_LSE=bool(call.return_lse), IEEE=q.dtype == torch.float32,
+        VARIANT=V.resolve(new_from_cache=call.k_new is None, has_mask=mask is not None,
+                          has_window=o.sliding_window is not None, page=g.block_size),
     )
     if call.k_new is not None and call.v_new.stride() != call.k_new.stride():
         raise ValueError("v_new: expected the same strides as k_new")
     # grid = (cdiv(max_q, BLOCK_Q), Hkv, B) with BLOCK_Q = BLOCK_M // GROUP_P query tokens.
     if C.autotune_enabled() and q.is_cuda:
-        _autotuned()[lambda meta: (triton.cdiv(max_q, meta["BLOCK_M"] // group_p), hkv, nseq)](
-            **args)
+        grid = lambda meta: (triton.cdiv(max_q, meta["BLOCK_M"] // group_p), hkv, nseq)  # noqa
+        C.autotuned(_extend_fwd)[grid](**args)
     else:
-        c = C.default_config(q.device, d_p, group_p, max_q)
+        c = V.tile_config(C.default_config(q.device, d_p, group_p, max_q), args["VARIANT"],
+                          C.family_of(q.device))
         extra = {}
         if c.waves_per_eu and C.is_hip(q.device):
             extra = dict(waves_per_eu=c.waves_per_eu, matrix_instr_nonkdim=c.matrix_instr_nonkdim)

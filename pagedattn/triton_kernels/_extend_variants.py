@@ -1,0 +1,199 @@
+"""A/B variants of the extend kernel's key loop (``PAGEDATTN_EXTEND_VARIANT``), for GPU timing.
+
+Scope: K/V of every key in the paged cache (no k_new/v_new), no custom mask, no window. Any
+other call and ``PAGEDATTN_EXTEND_VARIANT`` unset or ``default`` run the verified two-stage loop
+of ``extend_attention.py`` unchanged (launcher: :func:`resolve`).
+
+Every variant walks the keys in ONE pass over absolute positions, so each tile start is a
+multiple of BLOCK_N (page-aligned when PAGE divides BLOCK_N or BLOCK_N divides PAGE):
+
+  keys:  0 ...................... full | full ........ hi = min(Lk, P + tok0 + BLOCK_Q)
+         unmasked tiles (prefix and     | masked tiles: the block's diagonal
+         new keys below the diagonal)   | (causal j <= p, j < Lk)
+
+Ladder (each adds one change; bench/NOTES_extend.md has the offline SASS counts behind it):
+
+  onepass   one pass, per-token block ids gathered inside the loop (the default's addressing)
+  pages     + BLOCK_N // PAGE ids per tile; int64 row bases by broadcasting [NP, PAGE]; the
+            loop-invariant head/dim offset hoisted into a [D, 1] / [1, D] int64 tile
+  pipe      + the ids of tile t+1 loaded in iteration t (carried): no K/V address depends on a
+            load of the same iteration, so the sm_90 pipeliner keeps K/V multi-buffered
+            (async_wait num=2 with 3 stages instead of num=0)
+  pipe_fma  + dense-FA2 softmax on unmasked tiles: row max of the raw qk, one FFMA per logit
+"""
+import os
+
+import triton
+import triton.language as tl
+
+from pagedattn.triton_kernels._common import (LOG2E, alibi_bias, kv_offset, online_softmax_step,
+                                              soft_cap, visible)
+
+_LOG2E = tl.constexpr(LOG2E)
+
+VARIANTS = {"default": 0, "onepass": 1, "pages": 2, "pipe": 3, "pipe_fma": 4}
+ENV = "PAGEDATTN_EXTEND_VARIANT"
+
+
+def requested() -> str:
+    """The variant named by PAGEDATTN_EXTEND_VARIANT ('default' if unset); ValueError if unknown."""
+    name = os.environ.get(ENV, "") or "default"
+    if name not in VARIANTS:
+        raise ValueError(f"{ENV}={name!r}: expected one of {sorted(VARIANTS)}")
+    return name
+
+
+def resolve(*, new_from_cache: bool, has_mask: bool, has_window: bool, page: int) -> int:
+    """VARIANT constexpr for this call: the requested one where it applies, else 0 (default).
+
+    A power-of-2 page keeps every BLOCK_N-aligned tile page-aligned (PAGE | BLOCK_N or
+    BLOCK_N | PAGE), whatever tile the config picks."""
+    v = VARIANTS[requested()]
+    pow2 = page > 0 and page & (page - 1) == 0
+    return v if v and new_from_cache and not has_mask and not has_window and pow2 else 0
+
+
+def tile_config(cfg, variant: int, family: str):
+    """The carried-id variants need >= 3 stages on sm_80+ to keep two K/V tiles in flight."""
+    if variant >= VARIANTS["pipe"] and family in ("sm90", "sm80") and cfg.num_stages < 3:
+        return cfg._replace(num_stages=3)
+    return cfg
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _page_ids(bt_row, start, n_pages, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """int64 block ids [NP] of the tile starting at key start (a multiple of BLOCK_N).
+
+    NP = BLOCK_N // PAGE (1 when one page holds the tile). Pages >= n_pages (past the used
+    range of the table) read as block 0 and only feed masked or never-issued loads.
+    """
+    NP: tl.constexpr = BLOCK_N // PAGE if PAGE < BLOCK_N else 1
+    pg = start // PAGE + tl.arange(0, NP)  # [NP] page index within the request
+    return tl.load(bt_row + pg, mask=pg < n_pages, other=0).to(tl.int64)
+
+
+@triton.jit
+def _rows(ids, start, stride_b: tl.int64, stride_t: tl.int64, PAGE: tl.constexpr,
+          BLOCK_N: tl.constexpr):
+    """int64 offsets [N] of the tile's key rows: block term + token term, by broadcasting."""
+    TPP: tl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N  # tile tokens per page
+    tok = (start % PAGE + tl.arange(0, TPP)).to(tl.int64) * stride_t  # [TPP]
+    return tl.reshape(ids[:, None] * stride_b + tok[None, :], [BLOCK_N])  # [NP, TPP] -> [N]
+
+
+@triton.jit
+def _tiles(acc, m_i, l_i, q, lo, hi, lk, row_pos, slope2, qk_scale, logit_cap, bt_row,
+           kc_h, vc_h, dk, dv, d_ok,
+           stride_kb: tl.int64, stride_kt: tl.int64, stride_vb: tl.int64, stride_vt: tl.int64,
+           VARIANT: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+           PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+           HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, KV_FP8: tl.constexpr,
+           IEEE: tl.constexpr):
+    """Keys [lo, hi) (absolute positions, lo a multiple of BLOCK_N) folded into (acc, m_i, l_i).
+
+    kc_h / vc_h: cache base + head offset; dk [D_P, 1] / dv [1, D_P]: int64 dim offsets.
+    """
+    n_pages = (lk + PAGE - 1) // PAGE
+    n = tl.arange(0, BLOCK_N)
+    k_dmask = d_ok[:, None]
+    v_dmask = d_ok[None, :]
+    if VARIANT >= 3:
+        nxt = _page_ids(bt_row, lo, n_pages, PAGE, BLOCK_N)  # [NP] ids of the first tile
+    for start in range(lo, hi, BLOCK_N):
+        jpos = start + n  # [N] absolute key position
+        if VARIANT == 1:  # per-token ids, as the default loop
+            blk = tl.load(bt_row + jpos // PAGE, mask=jpos < lk, other=0).to(tl.int64)  # [N]
+            tin = (jpos % PAGE).to(tl.int64)
+            rk = blk * stride_kb + tin * stride_kt  # [N]
+            rv = blk * stride_vb + tin * stride_vt
+        else:
+            if VARIANT == 2:  # per-page ids of this tile, loaded here
+                ids = _page_ids(bt_row, start, n_pages, PAGE, BLOCK_N)
+            else:  # loaded one iteration earlier; fetch the next tile's now
+                ids = nxt
+                nxt = _page_ids(bt_row, start + BLOCK_N, n_pages, PAGE, BLOCK_N)
+            rk = _rows(ids, start, stride_kb, stride_kt, PAGE, BLOCK_N)  # [N]
+            rv = _rows(ids, start, stride_vb, stride_vt, PAGE, BLOCK_N)
+        k_ptrs = kc_h + (rk[None, :] + dk)  # [D_P, N]
+        v_ptrs = vc_h + (rv[:, None] + dv)  # [N, D_P]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(jpos < lk)[None, :] & k_dmask, other=0.0)
+            v = tl.load(v_ptrs, mask=(jpos < lk)[:, None] & v_dmask, other=0.0)
+        elif PAD_D:
+            k = tl.load(k_ptrs, mask=k_dmask, other=0.0)
+            v = tl.load(v_ptrs, mask=v_dmask, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        if KV_FP8:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
+        qk = _dot(q, k, IEEE)  # [M, N] fp32
+        FMA: tl.constexpr = VARIANT == 4 and not MASKED and not HAS_CAP and not HAS_ALIBI
+        if FMA:  # every key visible: m_new is finite, no -inf guard needed
+            sc = qk_scale * _LOG2E
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * sc)  # [M]
+            p = tl.math.exp2(qk * sc - m_new[:, None])  # [M, N]; one FFMA + EX2 per logit
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+        else:
+            if HAS_CAP:
+                s = soft_cap(qk * qk_scale, logit_cap) * _LOG2E
+            else:
+                s = qk * (qk_scale * _LOG2E)
+            if HAS_ALIBI:
+                s += alibi_bias(slope2[:, None], jpos[None, :], row_pos[:, None])
+            if MASKED:
+                vis = visible(jpos[None, :], row_pos[:, None], lk, 0, CAUSAL, False)  # [M, N]
+                s = tl.where(vis, s, float("-inf"))
+            m_i, l_i, alpha, p = online_softmax_step(m_i, l_i, s)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def one_pass(acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, qk_scale, logit_cap,
+             bt_row, kc_ptr, vc_ptr,
+             stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
+             stride_kdh: tl.int64, stride_kdl: tl.int64, stride_vb: tl.int64,
+             stride_vt: tl.int64, stride_vh: tl.int64, stride_vdh: tl.int64,
+             stride_vdl: tl.int64,
+             K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr,
+             V_LO_ONE: tl.constexpr, VARIANT: tl.constexpr, PAGE: tl.constexpr,
+             BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+             HEAD_DIM_P: tl.constexpr, CAUSAL: tl.constexpr, HAS_CAP: tl.constexpr,
+             HAS_ALIBI: tl.constexpr, KV_FP8: tl.constexpr, IEEE: tl.constexpr):
+    """All keys of one query block in one pass (see the module docstring's diagram)."""
+    d = tl.arange(0, HEAD_DIM_P)
+    d_ok = d < HEAD_DIM
+    zero = kvh * 0  # int64 0: kv_offset wants an int64 block term
+    # loop-invariant parts: head term in the base pointer, dim terms as int64 tiles
+    kc_h = kc_ptr + kvh * stride_kh
+    vc_h = vc_ptr + kvh * stride_vh
+    dk = kv_offset(zero, 0, 0, d[:, None], stride_kb, stride_kt, stride_kh, stride_kdh,
+                   stride_kdl, K_X, K_SPLIT, K_LO_ONE)  # [D_P, 1]
+    dv = kv_offset(zero, 0, 0, d[None, :], stride_vb, stride_vt, stride_vh, stride_vdh,
+                   stride_vdl, HEAD_DIM_P, False, V_LO_ONE)  # [1, D_P]
+    if CAUSAL:
+        hi = tl.minimum(lk, prefix + tok0 + BLOCK_Q)  # past the block's last query position
+        full = (prefix + tok0 + 1) // BLOCK_N * BLOCK_N  # keys every row of the block sees
+    else:
+        hi = lk
+        full = lk // BLOCK_N * BLOCK_N
+    PAD_D: tl.constexpr = HEAD_DIM_P != HEAD_DIM
+    for MASKED in tl.static_range(2):
+        acc, m_i, l_i = _tiles(
+            acc, m_i, l_i, q, full if MASKED else 0, hi if MASKED else full, lk, row_pos,
+            slope2, qk_scale, logit_cap, bt_row, kc_h, vc_h, dk, dv, d_ok, stride_kb,
+            stride_kt, stride_vb, stride_vt, VARIANT, MASKED == 1, CAUSAL, PAGE, BLOCK_N,
+            PAD_D, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
+    return acc, m_i, l_i
