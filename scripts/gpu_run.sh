@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --fo
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT_DIR/device.txt"
 if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
   timeout ${TEST_TIMEOUT:-600} python3 -m pytest -q -p no:cacheprovider -rf --tb=short -m "not compile" \
-    ${GPU_TESTS:-tests/test_triton_decode.py tests/test_triton_extend.py tests/test_triton_store_copy.py tests/test_plan.py tests/test_hip_backend.py tests/test_dispatch.py tests/test_replay.py} \
+    ${GPU_TESTS:-tests/test_triton_decode.py tests/test_triton_extend.py tests/test_triton_extend_gpu.py tests/test_triton_store_copy.py tests/test_plan.py tests/test_hip_backend.py tests/test_dispatch.py tests/test_replay.py} \
     "$@" 2>&1 | tee "$OUT_DIR/gpu-tests.log" | tail -60
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
