@@ -98,15 +98,17 @@ class Ours:
 
 
 def load_peer(path):
-    """SGLang's RadixCache adapter class, or None with the reason printed."""
+    """SGLang's RadixCache adapter class (bench/_sglang_peer.py), or None with the reason printed.
+
+    path: an unpacked SGLang wheel (see docs/radix_peer.md); only its radix files are loaded.
+    """
     if not path:
         return None
-    sys.path.insert(0, path)
     try:
-        from _sglang_peer import SGLangPeer  # written next to the unpacked wheel, see docs
-        return SGLangPeer
-    except Exception as e:  # noqa: BLE001 - any import failure means "no peer"
-        print(f"peer: SGLang RadixCache not importable from {path}: {e!r}")
+        from bench._sglang_peer import peer_class  # the repo root is on sys.path
+        return peer_class(path)  # loads and checks SGLang's files now
+    except ImportError as e:  # PeerUnavailable is an ImportError
+        print(f"peer: SGLang RadixCache not available from {path}: {e}")
         return None
 
 

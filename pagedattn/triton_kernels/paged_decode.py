@@ -40,6 +40,19 @@ FORCE_MODE = None  # tests/bench: "one_pass" | "split" | None (rule); env PAGEDA
 
 
 @triton.jit
+def _tile_block_ids(bt_row_ptr, start, hi, offs_n, BS: tl.constexpr, ONE_BLOCK: tl.constexpr):
+    """int64 block ids of the KV tile starting at ``start``: a scalar when the tile lies inside
+    one block, else [BLOCK_N, 1]. Masked to keys < hi: never reads past ceil(seq_len / BS)
+    table entries (the table's slack may hold anything)."""
+    if ONE_BLOCK:
+        blk = tl.load(bt_row_ptr + start // BS, mask=start < hi, other=0).to(tl.int64)
+    else:
+        j = start + offs_n
+        blk = tl.load(bt_row_ptr + j // BS, mask=j < hi, other=0).to(tl.int64)[:, None]
+    return blk
+
+
+@triton.jit
 def _attend_partition(q, seq_len, lo, part_start, part_end, h, pos, slope2, d, d_mask,
                       bt_row_ptr, k_ptr, v_ptr, qk_scale, cap, window,
                       stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
@@ -63,13 +76,13 @@ def _attend_partition(q, seq_len, lo, part_start, part_end, h, pos, slope2, d, d
     hi = tl.minimum(part_end, seq_len)
     first = part_start + (tl.maximum(lo - part_start, 0) // BLOCK_N) * BLOCK_N
     offs_n = tl.arange(0, BLOCK_N)
+    # NOTE the block ids of tile t+1 are loaded in iteration t: when the K/V addresses of a tile
+    # depend on an id loaded in the same iteration, the pipeliner drains every copy at the top
+    # of the loop (async_wait num=0 in the sm_90 TTGIR) and each tile pays the full latency.
+    blk_n = _tile_block_ids(bt_row_ptr, first, hi, offs_n, BS, ONE_BLOCK)
     for start in range(first, hi, BLOCK_N):
         j = start + offs_n  # [BLOCK_N] key positions
         j_ok = j < hi
-        if ONE_BLOCK:  # the tile lies inside one block: one table entry (start < seq_len)
-            blk_n = tl.load(bt_row_ptr + start // BS).to(tl.int64)  # scalar
-        else:  # per-token block ids, masked: never read past ceil(seq_len / BS) entries
-            blk_n = tl.load(bt_row_ptr + j // BS, mask=j_ok, other=0).to(tl.int64)[:, None]
         tok = (j % BS).to(tl.int64)  # [BLOCK_N]
         kv_mask = j_ok[:, None] & d_mask[None, :]  # [BLOCK_N, BLOCK_D]
         k_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_kb, stride_kt,
@@ -91,6 +104,7 @@ def _attend_partition(q, seq_len, lo, part_start, part_end, h, pos, slope2, d, d
         v_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_vb, stride_vt,
                           stride_vh, stride_vdh, stride_vdl, BLOCK_D, False, V_LO_ONE)
         v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+        blk_n = _tile_block_ids(bt_row_ptr, start + BLOCK_N, hi, offs_n, BS, ONE_BLOCK)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         else:
