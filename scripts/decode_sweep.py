@@ -1,4 +1,8 @@
-"""Sweep (BLOCK_N, num_warps, num_stages) of the Triton decode kernel on the H200 shapes."""
+"""Sweep the Triton decode launch on the H200 shapes: (BLOCK_N, warps, stages) x partition size,
+timed eagerly and from a CUDA graph (engines replay decode from graphs).
+
+usage: python3 scripts/decode_sweep.py [block_size] [--quick]
+"""
 import itertools
 import os
 import sys
@@ -7,51 +11,58 @@ import torch
 import triton
 
 import pagedattn as pa
+from bench.bench_decode import _bench_graph
 
 SHAPES = [(1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512)]
 CONFIGS = [(bn, w, st) for bn, w, st in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))]
+PARTITIONS = (128, 256, 512)
 
 
 def main():
     dev = "cuda"
     hq, hkv, d = 32, 8, 128
-    bs = int(sys.argv[1]) if len(sys.argv) > 1 else 16
-    x = torch.empty(2 ** 31, dtype=torch.uint8, device=dev)
-    t = triton.testing.do_bench(lambda: x.sum(dtype=torch.int32), return_mode="median")
-    bw = x.numel() / t / 1e6
+    bs = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 16
+    quick = "--quick" in sys.argv
+    configs = [(64, 4, 3), (64, 4, 4), (128, 8, 3), (32, 4, 3)] if quick else CONFIGS
+    x = torch.ones(2 ** 30, dtype=torch.bfloat16, device=dev)
+    ms = triton.testing.do_bench(lambda: x.sum(dtype=torch.float32), return_mode="median")
+    bw = x.numel() * 2 / (ms * 1e-3)
     del x
-    print(f"read bw {bw:.0f} GB/s (uint8 sum of 2 GiB)")
-    rows = []
+    print(f"read bw {bw / 1e9:.0f} GB/s (bf16 sum of 2 GiB); Hq/Hkv {hq}/{hkv}, D {d}, block {bs}")
+    print("batch ctx part cfg eager_us graph_us graph_frac")
     for b, ctx in SHAPES:
         nblk = b * ctx // bs + 1
         kc, vc = pa.make_kv_cache(nblk, bs, hkv, d, dtype=torch.bfloat16, device=dev)
-        kc.normal_(); vc.normal_()
+        kc.normal_()
+        vc.normal_()
         table = (torch.randperm(nblk - 1, device=dev)[: b * ctx // bs] + 1).to(torch.int32)
         table = table.view(b, ctx // bs)
         lens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
         q = torch.randn(b, hq, d, dtype=torch.bfloat16, device=dev)
-        gb = 2 * b * ctx * hkv * d * 2 / 1e9
+        out = torch.empty_like(q)
+        nbytes = 2 * b * ctx * hkv * d * 2
         best = None
-        for cfg in CONFIGS:
+        for part, cfg in itertools.product(PARTITIONS, configs):
             os.environ["PAGEDATTN_DECODE_CONFIG"] = ",".join(map(str, cfg))
+            plan = pa.plan_decode(table, lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                                  block_size=bs, num_blocks=nblk, q_dtype=torch.bfloat16,
+                                  partition_size=part, backend="triton")
+            f = lambda: pa.run_decode(plan, q, kc, vc, out=out)  # noqa: E731
             try:
-                f = lambda: pa.paged_decode(q, kc, vc, table, lens, backend="triton",
-                                            validate=False)
                 f()
-                ms = triton.testing.do_bench(f, return_mode="median")
+                eager = triton.testing.do_bench(f, return_mode="median") * 1e3
+                graph = _bench_graph(f)
             except Exception as e:  # noqa: BLE001
-                print(b, ctx, cfg, "failed", type(e).__name__, str(e)[:100])
+                print(b, ctx, part, cfg, "failed", type(e).__name__, str(e)[:100])
                 continue
-            frac = gb / (ms * 1e-3) / bw
-            rows.append((b, ctx, cfg, ms * 1e3, frac))
-            if best is None or ms < best[1]:
-                best = (cfg, ms)
-        print(f"B={b} ctx={ctx} bs={bs}: best {best[0]} {best[1]*1e3:.1f} us "
-              f"frac {gb / (best[1] * 1e-3) / bw:.3f}", flush=True)
+            frac = nbytes / (graph * 1e-6) / bw
+            print(b, ctx, part, cfg, f"{eager:.1f}", f"{graph:.1f}", f"{frac:.3f}", flush=True)
+            if best is None or graph < best[2]:
+                best = (part, cfg, graph, frac)
+        print(f"BEST B={b} ctx={ctx}: partition {best[0]} cfg {best[1]} {best[2]:.1f} us "
+              f"(graph) = {best[3]:.3f} of read bandwidth", flush=True)
         del kc, vc
     os.environ.pop("PAGEDATTN_DECODE_CONFIG", None)
-    for r in rows:
-        print(*r)
 
 
 if __name__ == "__main__":
