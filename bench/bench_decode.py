@@ -144,7 +144,7 @@ def main(argv=None):
     import pagedattn as pa
     import importlib
 
-    PD = importlib.import_module("pagedattn.triton_kernels.paged_decode")  # module, not router
+    PD = importlib.import_module("pagedattn.triton_kernels.decode")
 
     PD.FORCE_MODE = args.mode
     gen = torch.Generator(device=device).manual_seed(0)

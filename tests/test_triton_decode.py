@@ -2,7 +2,7 @@
 
 CPU: the kernels run under TRITON_INTERPRET=1 (slow), so each test is a few tiny, chosen launches.
 Both launch shapes (one-pass and split-KV + combine) are forced through
-``paged_decode.FORCE_MODE``. Real sizes, bf16 and the int32-overflow case are `gpu` tests.
+``decode.FORCE_MODE``. Real sizes, bf16 and the int32-overflow case are `gpu` tests.
 """
 import importlib
 import random
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import pagedattn as pa
-PD = importlib.import_module("pagedattn.triton_kernels.paged_decode")  # the module, not the router fn
+PD = importlib.import_module("pagedattn.triton_kernels.decode")
 from attn_utils import (FP8, assert_attn_close, assert_lse_close, dense_attention, dense_kv,
                         make_paged_batch, tol_key)
 

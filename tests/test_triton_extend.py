@@ -286,7 +286,7 @@ def _compile_offline(target, variant="default"):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pagedattn.triton_kernels.extend_attention import _extend_fwd
+    from pagedattn.triton_kernels.extend import _extend_fwd
     backend, arch = target.split(":")
     cst = dict(K_X=8, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, GROUP=4, GROUP_P=4,
                HEAD_DIM=128, HEAD_DIM_P=128, PAGE=16, BLOCK_M=128, BLOCK_N=64, CAUSAL=True,

@@ -73,7 +73,7 @@ TORCH = BackendCaps("torch", "pagedattn.torch_backend", ANYWHERE, {
 # triton: the portable default (DESIGN.md): every layout through the shared address function,
 # block sizes 1 (SGLang's token pool) to 256, head dims up to 256 (a 512-wide K tile of 64
 # tokens is 64 KB in fp16: over budget). Decode holds group * q_len <= 256 query rows in one
-# program (triton_kernels.paged_decode.MAX_ROWS); extend takes groups <= 128.
+# program (triton_kernels.decode.MAX_ROWS); extend takes groups <= 128.
 TRITON = BackendCaps("triton", "pagedattn.triton_kernels", GPU_OR_INTERPRETER, {
     "paged_decode": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, POW2, None,
                            ATTN_FEATURES | {"spec_decode"}, max_rows=256),

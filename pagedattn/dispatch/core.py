@@ -65,7 +65,7 @@ PREFERENCE_SOURCE = "bench/results/ab_{decode,extend}.csv"
 PARTITION_SIZE, PARTITION_SIZE_BIG_GROUP, BIG_GROUP = 512, 256, 15
 # Decode runs one pass when num_seqs * num_kv_heads >= FILL * CUs: the KV-head grid alone then
 # gives every CU several blocks (DESIGN.md: "v1 vs v2 chosen by whether num_seqs *
-# num_kv_heads fills the device"); 8 matches triton_kernels.paged_decode._mode. Retune from
+# num_kv_heads fills the device"); 8 matches triton_kernels.decode._mode. Retune from
 # the A/B table.
 FILL = 8
 # HIP decode template instantiations (hip_kernels/csrc/attn_inst.cuh PK_REUSEKV_SWITCH): the

@@ -9,19 +9,17 @@ import importlib
 from pagedattn._triton import interpreter_enabled, triton_available
 
 _MODULES = {
-    "paged_decode": "pagedattn.triton_kernels.paged_decode",
-    "extend_attention": "pagedattn.triton_kernels.extend_attention",
-    "store_kv": "pagedattn.triton_kernels.store_kv",
-    "copy_blocks": "pagedattn.triton_kernels.copy_blocks",
+    "paged_decode": "pagedattn.triton_kernels.decode",
+    "extend_attention": "pagedattn.triton_kernels.extend",
+    "store_kv": "pagedattn.triton_kernels.kv_store",
+    "copy_blocks": "pagedattn.triton_kernels.block_copy",
 }
 
 
 def _module(op):
-    mod = importlib.import_module(_MODULES[op])
-    # NOTE: importing submodule `pagedattn.triton_kernels.<op>` rebinds this package's attribute
-    # `<op>` to the module; put the router function of the same name back.
-    globals()[op] = _ROUTES[op]
-    return mod
+    # NOTE: kernel modules are named apart from the ops (decode.py serves paged_decode):
+    # importing a submodule binds its name on this package, which must not shadow a route.
+    return importlib.import_module(_MODULES[op])
 
 
 def supports(op: str, **facts) -> list:
@@ -55,6 +53,3 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, **kw):
 def copy_blocks(caches, block_mapping):
     return _module("copy_blocks").run(caches, block_mapping)
 
-
-_ROUTES = {"paged_decode": paged_decode, "extend_attention": extend_attention,
-           "store_kv": store_kv, "copy_blocks": copy_blocks}

@@ -2,7 +2,7 @@
 
 Scope: K/V of every key in the paged cache (no k_new/v_new), no custom mask, no window. Any
 other call and ``PAGEDATTN_EXTEND_VARIANT`` unset or ``default`` run the verified two-stage loop
-of ``extend_attention.py`` unchanged (launcher: :func:`resolve`).
+of ``extend.py`` unchanged (launcher: :func:`resolve`).
 
 Every variant walks the keys in ONE pass over absolute positions, so each tile start is a
 multiple of BLOCK_N (page-aligned when PAGE divides BLOCK_N or BLOCK_N divides PAGE):
