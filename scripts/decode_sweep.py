@@ -16,6 +16,7 @@ from bench.bench_decode import _bench_graph
 SHAPES = [(1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512)]
 CONFIGS = [(bn, w, st) for bn, w, st in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))]
 PARTITIONS = (128, 256, 512)
+MODES = ("split", "one_pass")  # PAGEDATTN_DECODE_MODE: the launch shape (same arithmetic)
 
 
 def main():
@@ -24,12 +25,13 @@ def main():
     bs = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 16
     quick = "--quick" in sys.argv
     configs = [(64, 4, 3), (64, 4, 4), (128, 8, 3), (32, 4, 3)] if quick else CONFIGS
+    partitions = (256, 512) if quick else PARTITIONS
     x = torch.ones(2 ** 30, dtype=torch.bfloat16, device=dev)
     ms = triton.testing.do_bench(lambda: x.sum(dtype=torch.float32), return_mode="median")
     bw = x.numel() * 2 / (ms * 1e-3)
     del x
     print(f"read bw {bw / 1e9:.0f} GB/s (bf16 sum of 2 GiB); Hq/Hkv {hq}/{hkv}, D {d}, block {bs}")
-    print("batch ctx part cfg eager_us graph_us graph_frac")
+    print("batch ctx mode part cfg eager_us graph_us graph_frac")
     for b, ctx in SHAPES:
         nblk = b * ctx // bs + 1
         kc, vc = pa.make_kv_cache(nblk, bs, hkv, d, dtype=torch.bfloat16, device=dev)
@@ -42,8 +44,9 @@ def main():
         out = torch.empty_like(q)
         nbytes = 2 * b * ctx * hkv * d * 2
         best = None
-        for part, cfg in itertools.product(PARTITIONS, configs):
+        for mode, part, cfg in itertools.product(MODES, partitions, configs):
             os.environ["PAGEDATTN_DECODE_CONFIG"] = ",".join(map(str, cfg))
+            os.environ["PAGEDATTN_DECODE_MODE"] = mode
             plan = pa.plan_decode(table, lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
                                   block_size=bs, num_blocks=nblk, q_dtype=torch.bfloat16,
                                   partition_size=part, backend="triton")
@@ -53,16 +56,18 @@ def main():
                 eager = triton.testing.do_bench(f, return_mode="median") * 1e3
                 graph = _bench_graph(f)
             except Exception as e:  # noqa: BLE001
-                print(b, ctx, part, cfg, "failed", type(e).__name__, str(e)[:100])
+                print(b, ctx, mode, part, cfg, "failed", type(e).__name__, str(e)[:100])
                 continue
             frac = nbytes / (graph * 1e-6) / bw
-            print(b, ctx, part, cfg, f"{eager:.1f}", f"{graph:.1f}", f"{frac:.3f}", flush=True)
+            print(b, ctx, mode, part, cfg, f"{eager:.1f}", f"{graph:.1f}", f"{frac:.3f}",
+                  flush=True)
             if best is None or graph < best[2]:
-                best = (part, cfg, graph, frac)
-        print(f"BEST B={b} ctx={ctx}: partition {best[0]} cfg {best[1]} {best[2]:.1f} us "
+                best = (f"{mode} partition {part}", cfg, graph, frac)
+        print(f"BEST B={b} ctx={ctx}: {best[0]} cfg {best[1]} {best[2]:.1f} us "
               f"(graph) = {best[3]:.3f} of read bandwidth", flush=True)
         del kc, vc
     os.environ.pop("PAGEDATTN_DECODE_CONFIG", None)
+    os.environ.pop("PAGEDATTN_DECODE_MODE", None)
 
 
 if __name__ == "__main__":
