@@ -94,13 +94,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                   block_table=block_table, partition_size=partition_size)
     val = V.validate_enabled(validate, name)
     if val:
-        V._check_scale_values("k_scale", opts.k_scale)
-        V._check_scale_values("v_scale", opts.v_scale)
-        V.check_table_data(block_table, seq_lens, g.block_size, g.num_blocks)
-        q_len = 1 if q.dim() == 3 else q.shape[1]
-        if q_len > 1 and seq_lens.numel() and int(seq_lens.min()) < q_len:
-            raise ValueError(f"seq_lens: every sequence must hold its {q_len} query tokens, got "
-                             f"min {int(seq_lens.min())}")
+        V.check_decode_data(opts, block_table, seq_lens, g, 1 if q.dim() == 3 else q.shape[1])
     call = V.DecodeCall(q, k_cache, v_cache, block_table, seq_lens, layout, g, opts,
                         partition_size, out, return_lse, val)
     if q.shape[0] == 0:

@@ -77,12 +77,8 @@ def plan_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_head
                           kv_dtype=kv_dtype, scale=scale, k_scale=k_scale, v_scale=v_scale,
                           sliding_window=sliding_window, logit_cap=logit_cap,
                           alibi_slopes=alibi_slopes, sinks=sinks)
-    V._check_scale_values("k_scale", opts.k_scale)
-    V._check_scale_values("v_scale", opts.v_scale)
     partition_size = V.check_partition_size(partition_size)
-    V.check_table_data(block_table, seq_lens, g.block_size, g.num_blocks)
-    if q_len > 1 and seq_lens.numel() and int(seq_lens.min()) < q_len:
-        raise ValueError(f"seq_lens: every sequence must hold its {q_len} query tokens")
+    V.check_decode_data(opts, block_table, seq_lens, g, q_len)
     k_dev = torch.empty((0,), dtype=kv_dtype, device=dev)
     name, _ = dispatch.resolve("paged_decode", backend, q=_shaped(q_shape, q_dtype, dev),
                                k_cache=k_dev, layout=layout,

@@ -294,6 +294,17 @@ def check_table_data(block_table, seq_lens, block_size, num_blocks, *, need=None
                          f"index {j}); valid ids are [0, {num_blocks})")
 
 
+def check_decode_data(opts: AttnOptions, block_table, seq_lens, g: L.CacheGeometry, q_len: int):
+    """The device-data checks of one decode batch: scale values, table contents, and room for
+    the q_len query tokens in every sequence (host sync)."""
+    _check_scale_values("k_scale", opts.k_scale)
+    _check_scale_values("v_scale", opts.v_scale)
+    check_table_data(block_table, seq_lens, g.block_size, g.num_blocks)
+    if q_len > 1 and seq_lens.numel() and int(seq_lens.min()) < q_len:
+        raise ValueError(f"seq_lens: every sequence must hold its {q_len} query tokens, got "
+                         f"min {int(seq_lens.min())}")
+
+
 def check_indptr(name, indptr, total, num_seqs):
     check_tensor(name, indptr, dim=1, dtypes=(torch.int32,))
     check_shape(name, indptr, (num_seqs + 1,))
