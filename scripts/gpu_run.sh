@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One GPU session: install carried wheels (FlashInfer), run the GPU test tier, then benchmarks.
-# usage: scripts/gpu_run.sh OUT_DIR [tests|bench|all] [extra pytest args...]
+# usage: scripts/gpu_run.sh OUT_DIR [tests|bench|all|tune] [extra pytest args...]
+#   tune: the extend-variant A/B and the decode launch sweep (scripts/extend_variants.py,
+#   scripts/decode_sweep.py). Everything written lands in OUT_DIR/results.tgz too (the device
+#   tool returns at most 8 files).
 set -u
 OUT_DIR=${1:?out dir}; WHAT=${2:-all}; shift 2 || true
 mkdir -p "$OUT_DIR"
@@ -15,8 +18,19 @@ export PYTHONUNBUFFERED=1 PAGEDATTN_VALIDATE=1
 export PAGEDATTN_COMMIT=${PAGEDATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT_DIR/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT_DIR/device.txt"
+pack() { (cd "$OUT_DIR" && tar czf results.tgz --exclude results.tgz . 2>/dev/null); }
+trap pack EXIT
+if [ "$WHAT" = tune ]; then
+  timeout ${VARIANTS_TIMEOUT:-300} python3 scripts/extend_variants.py --out "$OUT_DIR" 2>&1 | tee "$OUT_DIR/extend_variants.log" | tail -40
+  timeout ${SWEEP_TIMEOUT:-200} python3 scripts/decode_sweep.py 16 --quick 2>&1 | tee "$OUT_DIR/decode_sweep16.log" | grep -E "BEST|read bw|failed"
+  timeout ${VTEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rf --tb=short -n 8 \
+    tests/test_triton_extend_gpu.py -k variant 2>&1 | tee "$OUT_DIR/variant-tests.log" | tail -15
+fi
 if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
+  # the HIP extension is built once here, not by 8 racing xdist workers
+  python3 -c "from pagedattn.hip_kernels import build; build.load()" 2>&1 | tail -3
   timeout ${TEST_TIMEOUT:-600} python3 -m pytest -q -p no:cacheprovider -rf --tb=short -m "not compile" \
+    -n ${TEST_JOBS:-8} --durations=15 \
     ${GPU_TESTS:-tests/test_triton_decode.py tests/test_triton_extend.py tests/test_triton_extend_gpu.py tests/test_triton_store_copy.py tests/test_plan.py tests/test_hip_backend.py tests/test_dispatch.py tests/test_replay.py} \
     "$@" 2>&1 | tee "$OUT_DIR/gpu-tests.log" | tail -60
 fi
