@@ -94,7 +94,11 @@ def cmd_all(a) -> int:
         step("ab --cuda-graph decode", lambda: ab.report(
             device=device, ceilings=ceilings, out=f"{a.out}/cuda_graph", quick=a.quick,
             baseline=a.baseline, ops=("paged_decode",), cuda_graph=True) and "ok")
+    skip = set(filter(None, a.skip.split(",")))
     for name in SUITES + CPU_SUITES:
+        if name in skip:
+            steps.append({"step": name, "status": "skipped (--skip)", "seconds": 0.0})
+            continue
         step(name, lambda name=name: _suite(name, ["--out", a.out] + extra))
     dtypes = [torch.float32] + ([torch.bfloat16] if device == "cuda" else [])
     for dt in dtypes:
@@ -136,6 +140,10 @@ def main(argv=None) -> int:
                            help="backend of the replay's ops")
             p.add_argument("--baseline", default=None, help="A/B speed-up baseline backend")
             p.add_argument("--seed", type=int, default=0)
+        if name == "all":
+            p.add_argument("--skip", default="", help="comma-separated suites to leave out, e.g. "
+                           "the CPU cache-manager benches on a GPU machine: "
+                           "bench_block_manager,bench_radix")
     a = ap.parse_args(argv)
     return cmd_run(a) if a.cmd == "run" else cmd_all(a)
 

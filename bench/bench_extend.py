@@ -5,7 +5,9 @@ Shapes: Hq/Hkv 32/8, D 128, bf16, block 16, layout bhsd (= FlashInfer HND);
 
 * FLOPs = 4 * D * Hq * sum_b(extend * prefix + extend * (extend + 1) / 2): QK^T and PV over the
   visible (shifted-causal) keys only.
-* time: median of ``triton.testing.do_bench``; ceiling: ``torch.matmul`` 8192^3 bf16 on random
+* time: median of ``triton.testing.do_bench`` (eager: includes any host launch gap), and
+  ``graph_*``: per call when 3 calls replay from one CUDA graph (no host in the loop; the
+  fair kernel-to-kernel figure on a machine with slow launches); ceiling: ``torch.matmul`` 8192^3 bf16 on random
   data measured in the same run (bench.common.measure_ceilings); ``%mm`` = TFLOP/s / that.
 * triton: ``pagedattn.extend_attention(backend="triton", max_q_len=...)`` (no host sync, no
   validation) with the new tokens' K/V read from the cache (``--new-from k_new`` reads them from
@@ -161,6 +163,14 @@ def main(argv=None) -> int:
                 t = _time(fn, device)
                 row.update(ms=round(t * 1e3, 4), TFLOPs=round(f / t / 1e12, 2),
                            pct_matmul=round(100 * f / t / 1e12 / mm, 1), note=how)
+                if device == "cuda":
+                    try:
+                        from bench.bench_decode import _bench_graph
+                        g = _bench_graph(fn, calls=3) * 1e-6
+                        row.update(graph_ms=round(g * 1e3, 4), graph_TFLOPs=round(f / g / 1e12, 2),
+                                   graph_pct_matmul=round(100 * f / g / 1e12 / mm, 1))
+                    except Exception as e:  # noqa: BLE001 - e.g. a peer that syncs in run()
+                        row["note"] = (how + f"; graph: {type(e).__name__}")[:100]
             except Exception as e:  # noqa: BLE001 - a peer's failure is a note, not a crash
                 row.update(ms=None, TFLOPs=None, pct_matmul=None,
                            note=f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}")

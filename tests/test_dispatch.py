@@ -181,8 +181,11 @@ def test_one_pass_vs_split_kv():
     few = _sel("paged_decode", "gfx942", num_seqs=2, num_kv_heads=8, **base)
     assert few.variant == "split_kv" and few.params["partition_size"] == 512
     assert few.params["reuse_kv_times"] == 4 and few.params["head_groups"] == 1
-    many = _sel("paged_decode", "gfx942", num_seqs=cus, num_kv_heads=8, **base)
+    fill = dispatch.core.FILL * cus  # programs (num_seqs x num_kv_heads) that fill the device
+    many = _sel("paged_decode", "gfx942", num_seqs=fill // 8, num_kv_heads=8, **base)
     assert many.variant == "one_pass" and "partition_size" not in many.params
+    assert _sel("paged_decode", "gfx942", num_seqs=fill // 8 - 1, num_kv_heads=8,
+                **base).variant == "split_kv"
     short = _sel("paged_decode", "gfx942", num_seqs=1, num_kv_heads=8, max_seq_len=300, **base)
     assert short.variant == "one_pass"
     big = _sel("paged_decode", "sm_90", num_seqs=1, num_kv_heads=1, partition_size=128,

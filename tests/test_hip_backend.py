@@ -202,6 +202,7 @@ bad = {
                                             512, 0),
 }
 for word, fn in bad.items():
+    print("case", word, flush=True)
     try:
         fn()
     except RuntimeError as e:
@@ -225,7 +226,8 @@ def test_host_checks_reject_bad_inputs():
     here = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.path.dirname(here),
                                                          os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-c", HOST_CHECK_SCRIPT], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", HOST_CHECK_SCRIPT],
+                       capture_output=True, text=True,
                        env=env, timeout=600)
     assert r.returncode == 0 and "HOST_CHECKS_OK" in r.stdout, \
         f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"

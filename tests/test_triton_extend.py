@@ -277,7 +277,7 @@ def test_harness_would_catch_a_zero_output(device):
         assert_attn_close(torch.zeros_like(res), res, torch.float32)
 
 
-def _compile_offline(target, variant="default"):
+def _compile_offline(target, variant="twostage"):
     """Compile the sm_90 default config (bf16, D 128, group 4, page 16) for a real target.
 
     Runs in a subprocess without TRITON_INTERPRET (the interpreter replaces @triton.jit)."""
@@ -325,7 +325,7 @@ def _compile_offline(target, variant="default"):
                                     matrix_instr_nonkdim=16))
 
 
-@pytest.mark.parametrize("target,variant", [("cuda:90", "default"), ("hip:gfx942", "default")]
+@pytest.mark.parametrize("target,variant", [("cuda:90", "twostage"), ("hip:gfx942", "twostage")]
                          + [("cuda:90", v) for v in ("onepass", "pages", "pipe", "pipe_fma")]
                          + [("hip:gfx942", "pipe_fma")])
 def test_kernel_compiles_for_real_targets(target, variant):
@@ -352,7 +352,7 @@ def test_kernel_compiles_for_real_targets(target, variant):
 # A/B loop variants (PAGEDATTN_EXTEND_VARIANT; pagedattn/triton_kernels/_extend_variants.py)
 # ----------------------------------------------------------------------------------------------
 
-VARIANT_NAMES = ["onepass", "pages", "pipe", "pipe_fma"]
+VARIANT_NAMES = ["twostage", "onepass", "pages", "pipe", "pipe_fma"]
 # Interpreter tiles are 16 x 16: page 1 (16 ids per tile), 4 (page < tile), 16 (= tile) and
 # 32 (a tile is half a page: start % PAGE != 0). Prefixes off the page and tile grid.
 VARIANT_CASES = [
@@ -378,6 +378,9 @@ def test_extend_variant(device, monkeypatch, variant, case):
     c = VARIANT_CASES[case]
     assert V.resolve(new_from_cache=True, has_mask=False, has_window=False, page=c["bs"]) \
         == V.VARIANTS[variant], "the variant must actually run for this case"
+    monkeypatch.delenv(V.ENV)
+    assert V.requested() == V.DEFAULT == "onepass"  # unset: the measured winner
+    monkeypatch.setenv(V.ENV, variant)
     run_case(device, seed=30 + case, **c)
 
 

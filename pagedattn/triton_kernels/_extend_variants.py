@@ -1,8 +1,10 @@
-"""A/B variants of the extend kernel's key loop (``PAGEDATTN_EXTEND_VARIANT``), for GPU timing.
+"""Key-loop variants of the extend kernel (``PAGEDATTN_EXTEND_VARIANT``).
 
-Scope: K/V of every key in the paged cache (no k_new/v_new), no custom mask, no window. Any
-other call and ``PAGEDATTN_EXTEND_VARIANT`` unset or ``default`` run the verified two-stage loop
-of ``extend.py`` unchanged (launcher: :func:`resolve`).
+Scope: K/V of every key in the paged cache (no k_new/v_new), no custom mask, no window, a
+power-of-2 page. Those calls run ``onepass`` by default (the H200 A/B of 2026-11-30,
+bench/results/2026-11-30-h200/extend_variants.md: 35-43 % of the matmul rate against 32-39 % for
+the two-stage loop); every other call runs the two-stage loop of ``extend.py``
+(``twostage``; launcher: :func:`resolve`). ``default`` names :data:`DEFAULT`.
 
 Every variant walks the keys in ONE pass over absolute positions, so each tile start is a
 multiple of BLOCK_N (page-aligned when PAGE divides BLOCK_N or BLOCK_N divides PAGE):
@@ -31,15 +33,17 @@ from pagedattn.triton_kernels._common import (LOG2E, alibi_bias, kv_offset, onli
 
 _LOG2E = tl.constexpr(LOG2E)
 
-VARIANTS = {"default": 0, "onepass": 1, "pages": 2, "pipe": 3, "pipe_fma": 4}
+VARIANTS = {"twostage": 0, "onepass": 1, "pages": 2, "pipe": 3, "pipe_fma": 4}
+DEFAULT = "onepass"
 ENV = "PAGEDATTN_EXTEND_VARIANT"
 
 
 def requested() -> str:
-    """The variant named by PAGEDATTN_EXTEND_VARIANT ('default' if unset); ValueError if unknown."""
+    """The variant named by PAGEDATTN_EXTEND_VARIANT (DEFAULT if unset); ValueError if unknown."""
     name = os.environ.get(ENV, "") or "default"
+    name = DEFAULT if name == "default" else name
     if name not in VARIANTS:
-        raise ValueError(f"{ENV}={name!r}: expected one of {sorted(VARIANTS)}")
+        raise ValueError(f"{ENV}={name!r}: expected 'default' or one of {sorted(VARIANTS)}")
     return name
 
 

@@ -17,7 +17,7 @@ Two launch shapes evaluate exactly this arithmetic:
 * split (v2): grid (Hkv, B, P_max), one program per partition, then a combine launch on
   (Hkv, B). Used when B * Hkv does not fill the GPU.
 * one-pass (v1): grid (Hkv, B); the program walks its sequence's partitions itself and runs the
-  same combine at the end (workspace reads after a CTA barrier). Used when B * Hkv >= 8 * SMs.
+  same combine at the end (workspace reads after a CTA barrier). Used when B * Hkv >= dispatch.core.FILL * SMs.
 
 NOTE batch invariance: split points depend only on the sequence and the partition size (never
 on the batch), single- vs multi-partition handling is decided per sequence, and both launch
@@ -306,10 +306,12 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
 # launcher
 # ----------------------------------------------------------------------------------------------
 
-# (BLOCK_N, num_warps, num_stages) keyed by (padded head dim, rows bucket). NVIDIA: KV tiles of
-# 64 tokens, 4 warps, 3 stages (2 x 16 KB bf16 tiles per stage at D=128); AMD/DCU: fewer stages.
+# (BLOCK_N, num_warps, num_stages) keyed by (padded head dim, rows bucket). NVIDIA, rows <= 16:
+# KV tiles of 32 tokens, 4 warps, 3 stages, the best of the H200 sweep on all five issue shapes
+# (bench/results/2026-11-30-h200/decode_sweep16.log, CUDA-graph timing; 64-token tiles were 0-37 %
+# slower); AMD/DCU: fewer stages.
 _CONFIGS = {
-    "nvidia": {(128, 16): (64, 4, 3), (128, 64): (64, 4, 3), (128, 256): (32, 8, 2),
+    "nvidia": {(128, 16): (32, 4, 3), (128, 64): (64, 4, 3), (128, 256): (32, 8, 2),
                (256, 16): (32, 4, 2), (256, 64): (32, 4, 2), (256, 256): (16, 8, 2)},
     "amd": {(128, 16): (64, 4, 1), (128, 64): (64, 4, 1), (128, 256): (32, 8, 1),
             (256, 16): (32, 4, 1), (256, 64): (32, 4, 1), (256, 256): (16, 8, 1)},
@@ -362,8 +364,10 @@ def _mode(num_seqs, num_kv_heads, device):
         if forced not in ("one_pass", "split"):
             raise ValueError(f"PAGEDATTN_DECODE_MODE: expected one_pass or split, got {forced!r}")
         return forced
-    # one-pass when the (head, sequence) programs alone give every SM several CTAs to run
-    return "one_pass" if num_seqs * num_kv_heads >= 8 * _num_sms(device) else "split"
+    # one pass only when the (head, sequence) programs alone make many waves (dispatch.core.FILL,
+    # measured); both launch shapes give bitwise-equal outputs
+    from pagedattn.dispatch.core import FILL
+    return "one_pass" if num_seqs * num_kv_heads >= FILL * _num_sms(device) else "split"
 
 
 def run(call):
