@@ -15,6 +15,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
+# FlashInfer kernels prebuilt for sm_90a on the CPU machine (.ficache/README.txt): no JIT here
+[ -d .ficache/flashinfer_jit_cache ] && export PYTHONPATH=${PYTHONPATH:-}:$PWD/.ficache
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1 PAGEDATTN_VALIDATE=1
 # the device copy has no .git: pass PAGEDATTN_COMMIT=$(git rev-parse --short HEAD) from here

@@ -57,8 +57,9 @@ FEATURE_KW = {  # feature -> public-op keywords that request it (hq = 4 in these
 
 
 def _dense_kw(kw):
+    cpu = lambda t: None if t is None else t.cpu()  # noqa: E731 (the oracle runs on the CPU)
     return dict(window=kw.get("sliding_window"), cap=kw.get("logit_cap"),
-                alibi=kw.get("alibi_slopes"), sinks=kw.get("sinks"))
+                alibi=cpu(kw.get("alibi_slopes")), sinks=cpu(kw.get("sinks")))
 
 
 def _check(out, ref, dtype, kv, lse=None, ref_lse=None):
@@ -135,7 +136,7 @@ def run_extend(backend, dtype, kv, layout, *, d=64, bs=16, hkv=2, group=2, feats
         if k_new:
             k = torch.cat([k, kw["k_new"][rows].cpu().double()])
             v = torch.cat([v, kw["v_new"][rows].cpu().double()])
-        ro, rl = dense_attention(q[rows].cpu(), k, v, range(n - m, n), scale=d ** -0.5,
+        ro, rl = dense_attention(q[rows].cpu(), k.cpu(), v.cpu(), range(n - m, n), scale=d ** -0.5,
                                  causal=kw.get("causal", True),
                                  mask=None if masks is None else masks[i], **_dense_kw(kw))
         _check(out[rows], ro, dtype, kv, None if lse is None else lse[rows], rl)

@@ -57,9 +57,11 @@ def resolve(*, new_from_cache: bool, has_mask: bool, has_window: bool, page: int
     return v if v and new_from_cache and not has_mask and not has_window and pow2 else 0
 
 
-def tile_config(cfg, variant: int, family: str):
-    """The carried-id variants need >= 3 stages on sm_80+ to keep two K/V tiles in flight."""
-    if variant >= VARIANTS["pipe"] and family in ("sm90", "sm80") and cfg.num_stages < 3:
+def tile_config(cfg, variant: int, family: str, elem_bytes: int = 2):
+    """The carried-id variants need >= 3 stages on sm_80+ to keep two K/V tiles in flight
+    (16-bit inputs only: fp32 tiles at 3 stages overflow shared memory, 288 KB on the H200)."""
+    if variant >= VARIANTS["pipe"] and family in ("sm90", "sm80") and cfg.num_stages < 3 \
+            and elem_bytes <= 2:
         return cfg._replace(num_stages=3)
     return cfg
 

@@ -371,7 +371,7 @@ def run(call):
         C.autotuned(_extend_fwd)[grid](**args)
     else:
         c = V.tile_config(C.default_config(q.device, d_p, group_p, max_q), args["VARIANT"],
-                          C.family_of(q.device))
+                          C.family_of(q.device), q.element_size())
         extra = {}
         if c.waves_per_eu and C.is_hip(q.device):
             extra = dict(waves_per_eu=c.waves_per_eu, matrix_instr_nonkdim=c.matrix_instr_nonkdim)

@@ -38,7 +38,9 @@ def _quantize(x, scale_ptr, h, FP8: tl.constexpr, FMAX: tl.constexpr, MBITS: tl.
               EMIN: tl.constexpr, cache_ty: tl.constexpr):
     """x [BLOCK_D] -> cache dtype; fp8: x / scale[h], clamped to +-FMAX, round to nearest even."""
     if FP8:
-        y = x.to(tl.float32) / tl.load(scale_ptr + h)
+        # IEEE division: the default fp32 "/" on NVIDIA is approximate (off by an ulp), which
+        # moves values across fp8 rounding boundaries (seen on the H200)
+        y = tl.math.div_rn(x.to(tl.float32), tl.load(scale_ptr + h))
         y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
         return _round_to_grid(y, MBITS, EMIN).to(cache_ty, fp_downcast_rounding="rtne")
     else:
