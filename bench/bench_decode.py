@@ -9,8 +9,9 @@ Shapes: Hq/Hkv 32/8 and 32/32, D 128, bf16, block 16 and 64, (batch, ctx) in
 * ceiling: read bandwidth measured in the same run as ``x.sum()`` over a 4 GiB bf16 tensor
   (bytes read / time; a reduction writes nothing). ``frac`` = achieved / that.
 * peers: torch SDPA on contiguous [B, H, ctx, D] K/V (``enable_gqa``), and FlashInfer's
-  ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)`` when ``import flashinfer``
-  works (it JIT-compiles at first use). Every peer is wrapped in try/except: a failure is a
+  ``BatchDecodeWithPagedKVCacheWrapper`` (HND = our bhsd) when ``import flashinfer`` works, in
+  its three paths: ``flashinfer`` (tensor cores, backend "auto": FA3 on sm_90),
+  ``flashinfer_fa2`` (tensor cores, FA2) and ``flashinfer_cuda`` (``use_tensor_cores=False``). Every peer is wrapped in try/except: a failure is a
   note in the table, never a crash.
 
 Usage: ``python -m bench.bench_decode [--quick] [--out DIR] [--mode one_pass|split]``.
@@ -109,7 +110,9 @@ def _sdpa(q, k, v, table, lens, bs):
     return lambda: f(q4, kd, vd, enable_gqa=kd.shape[1] != hq)
 
 
-def _flashinfer(q, k, v, table, lens, bs):
+def _flashinfer(q, k, v, table, lens, bs, tensor_cores=True, backend="auto"):
+    """FlashInfer's batch decode: tensor-core path (its prefill kernels: FA3 on sm_90 under
+    "auto", or FA2) or the CUDA-core decode kernel (``tensor_cores=False``)."""
     import flashinfer
     import torch
 
@@ -119,7 +122,8 @@ def _flashinfer(q, k, v, table, lens, bs):
     indices = table.reshape(-1).contiguous()
     last = ((lens - 1) % bs + 1).to(torch.int32)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device=q.device)
-    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "HND", use_tensor_cores=True)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "HND", use_tensor_cores=tensor_cores,
+                                                      backend=backend)
     w.plan(indptr, indices, last, hq, k.shape[1], d, bs, q_data_type=q.dtype,
            kv_data_type=k.dtype)
     return lambda: w.run(q, (k, v))
@@ -183,8 +187,12 @@ def main(argv=None):
                     q, k, v, table, lens, backend="triton", out=out, validate=False))}
                 if device == "cuda":
                     peers["sdpa"] = lambda: _sdpa(q, k, v, table, lens, bs)
-                    if fi_note == "available":
+                    if fi_note == "available":  # its three decode paths; the best is the peer
                         peers["flashinfer"] = lambda: _flashinfer(q, k, v, table, lens, bs)
+                        peers["flashinfer_fa2"] = lambda: _flashinfer(q, k, v, table, lens, bs,
+                                                                      backend="fa2")
+                        peers["flashinfer_cuda"] = lambda: _flashinfer(q, k, v, table, lens, bs,
+                                                                       tensor_cores=False)
                 notes = []
                 for name, make in peers.items():
                     try:

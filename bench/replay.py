@@ -21,9 +21,11 @@ from bench.model import ModelConfig, TinyDecoder
 # (atol, rtol): |logit(cache on) - logit(cache off)| <= atol + rtol * |logit| at every position.
 # The two runs differ only in summation order (batch composition, prefix/new split); in bf16 the
 # LM head rounds logits of magnitude ~10 to steps of 0.0625, so one or two ulps must pass. A real
-# bug (a wrong or stale prefix slot) moves logits by O(1).
+# bug (a wrong or stale prefix slot) moves logits by O(1). bf16 activations also round at every
+# layer: on the H200 (2026-11-30) cache on vs off differed by up to 0.125 and the no-cache dense
+# oracle by 0.094 at logits of magnitude ~2-4, hence atol 0.25 (still 4x below a real bug).
 TOL = {("cpu", torch.float32): (1e-4, 0.0), ("cuda", torch.float32): (2e-3, 0.0),
-       ("cuda", torch.float16): (1e-2, 1e-2), ("cuda", torch.bfloat16): (5e-2, 2e-2)}
+       ("cuda", torch.float16): (5e-2, 1e-2), ("cuda", torch.bfloat16): (2.5e-1, 2e-2)}
 
 
 # ----------------------------------------------------------------------------- the table

@@ -1,11 +1,12 @@
 """Sweep the Triton decode launch on the H200 shapes: (BLOCK_N, warps, stages) x partition size,
 timed eagerly and from a CUDA graph (engines replay decode from graphs).
 
-usage: python3 scripts/decode_sweep.py [block_size] [--quick]
+usage: python3 scripts/decode_sweep.py [block_size] [--quick] [--configs "BN,W,S;..."]
+       [--partitions 256,512] [--modes split,one_pass] [--shapes 0,1] [--heads 32/8]
 """
+import argparse
 import itertools
 import os
-import sys
 
 import torch
 import triton
@@ -20,19 +21,33 @@ MODES = ("split", "one_pass")  # PAGEDATTN_DECODE_MODE: the launch shape (same a
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("block_size", nargs="?", type=int, default=16)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--configs", default="", help='"BLOCK_N,warps,stages;..."')
+    ap.add_argument("--partitions", default="")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--shapes", default="", help="indices into SHAPES")
+    ap.add_argument("--heads", default="32/8", help="Hq/Hkv")
+    a = ap.parse_args()
     dev = "cuda"
-    hq, hkv, d = 32, 8, 128
-    bs = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 16
-    quick = "--quick" in sys.argv
+    hq, hkv = (int(x) for x in a.heads.split("/"))
+    d, bs, quick = 128, a.block_size, a.quick
     configs = [(64, 4, 3), (64, 4, 4), (128, 8, 3), (32, 4, 3)] if quick else CONFIGS
+    if a.configs:
+        configs = [tuple(int(x) for x in c.split(",")) for c in a.configs.split(";")]
     partitions = (256, 512) if quick else PARTITIONS
+    if a.partitions:
+        partitions = tuple(int(x) for x in a.partitions.split(","))
+    modes = tuple(a.modes.split(","))
+    shapes = [SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else SHAPES
     x = torch.ones(2 ** 30, dtype=torch.bfloat16, device=dev)
     ms = triton.testing.do_bench(lambda: x.sum(dtype=torch.float32), return_mode="median")
     bw = x.numel() * 2 / (ms * 1e-3)
     del x
     print(f"read bw {bw / 1e9:.0f} GB/s (bf16 sum of 2 GiB); Hq/Hkv {hq}/{hkv}, D {d}, block {bs}")
     print("batch ctx mode part cfg eager_us graph_us graph_frac")
-    for b, ctx in SHAPES:
+    for b, ctx in shapes:
         nblk = b * ctx // bs + 1
         kc, vc = pa.make_kv_cache(nblk, bs, hkv, d, dtype=torch.bfloat16, device=dev)
         kc.normal_()
@@ -44,7 +59,7 @@ def main():
         out = torch.empty_like(q)
         nbytes = 2 * b * ctx * hkv * d * 2
         best = None
-        for mode, part, cfg in itertools.product(MODES, partitions, configs):
+        for mode, part, cfg in itertools.product(modes, partitions, configs):
             os.environ["PAGEDATTN_DECODE_CONFIG"] = ",".join(map(str, cfg))
             os.environ["PAGEDATTN_DECODE_MODE"] = mode
             plan = pa.plan_decode(table, lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,

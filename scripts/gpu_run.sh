@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One GPU session: install carried wheels (FlashInfer), run the GPU test tier, then benchmarks.
 # usage: scripts/gpu_run.sh OUT_DIR [PHASES] [extra pytest args...]
-#   PHASES: comma-separated tune, tests, bench (default all = tests,bench)
+#   PHASES: comma-separated tune, diag, tests, bench (default all = tests,bench)
 #   tune: the extend-variant A/B and the decode launch sweep (scripts/extend_variants.py,
-#   scripts/decode_sweep.py). Everything written lands in OUT_DIR/results.tgz too (the device
-#   tool returns at most 8 files).
+#   scripts/decode_sweep.py); diag: scripts/hip_hostcheck_diag.py. Everything is written under
+#   OUT_DIR/r and packed into OUT_DIR/results.tgz (the device tool returns at most 8 files).
 set -u
-OUT_DIR=${1:?out dir}; WHAT=${2:-all}; shift 2 || true
+TOP=${1:?out dir}; WHAT=${2:-all}; shift 2 || true
+OUT_DIR=$TOP/r  # everything lands here; TOP gets results.tgz (the device tool returns 8 files)
 [ "$WHAT" = all ] && WHAT=tests,bench
 has() { case ",$WHAT," in *",$1,"*) return 0;; esac; return 1; }
 mkdir -p "$OUT_DIR"
@@ -23,13 +24,17 @@ export PYTHONUNBUFFERED=1 PAGEDATTN_VALIDATE=1
 export PAGEDATTN_COMMIT=${PAGEDATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT_DIR/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT_DIR/device.txt"
-pack() { (cd "$OUT_DIR" && tar czf results.tgz --exclude results.tgz . 2>/dev/null); }
+pack() { tar czf "$TOP/results.tgz" -C "$OUT_DIR" . 2>/dev/null; }
 trap pack EXIT
 if has tune; then
-  timeout ${VARIANTS_TIMEOUT:-300} python3 scripts/extend_variants.py --out "$OUT_DIR" ${VARIANT_ROWS:+--rows $VARIANT_ROWS} 2>&1 | tee "$OUT_DIR/extend_variants.log" | tail -40
-  [ -n "${SKIP_SWEEP:-}" ] || timeout ${SWEEP_TIMEOUT:-200} python3 scripts/decode_sweep.py 16 --quick 2>&1 | tee "$OUT_DIR/decode_sweep16.log" | grep -E "BEST|read bw|failed"
+  [ -n "${SKIP_VARIANTS:-}" ] || timeout ${VARIANTS_TIMEOUT:-300} python3 scripts/extend_variants.py --out "$OUT_DIR" ${VARIANT_ROWS:+--rows $VARIANT_ROWS} 2>&1 | tee "$OUT_DIR/extend_variants.log" | tail -40
+  [ -n "${SKIP_SWEEP:-}" ] || timeout ${SWEEP_TIMEOUT:-200} python3 scripts/decode_sweep.py 16 ${SWEEP_ARGS:---quick} 2>&1 | tee "$OUT_DIR/decode_sweep16.log" | grep -E "BEST|read bw|failed"
   has tests || timeout ${VTEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rf \
     --tb=short -n 8 tests/test_triton_extend_gpu.py -k variant 2>&1 | tee "$OUT_DIR/variant-tests.log" | tail -15
+fi
+if has diag; then
+  timeout ${DIAG_TIMEOUT:-120} python3 scripts/hip_hostcheck_diag.py 2>&1 | tee "$OUT_DIR/hip_hostcheck_diag.log"
+  timeout 45 python3 scripts/launch_profile.py 2>&1 | tee "$OUT_DIR/launch_profile.log" | head -12
 fi
 if has tests; then
   # the HIP extension is built once here, not by 8 racing xdist workers
