@@ -10,17 +10,36 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "attn_launch.h"
 
 namespace {
 
+// Error messages are built with std::to_string, never through an ostream: on the H200 image
+// (torch 2.11 + the system g++) a TORCH_CHECK that streamed an integer into c10::str's
+// ostringstream crashed the process (SIGSEGV; every integer-message check, while string and
+// dtype messages raised cleanly: scripts/hip_hostcheck_diag.py, 2026-11-30).
+inline std::string piece(const char* s) { return s; }
+inline std::string piece(const std::string& s) { return s; }
+inline std::string piece(at::ScalarType t) { return c10::toString(t); }
+inline std::string piece(const at::Device& d) { return d.str(); }
+template <class T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
+std::string piece(T v) { return std::to_string(v); }
+template <class... A>
+std::string msg(const A&... a) {
+  std::string r;
+  ((r += piece(a)), ...);
+  return r;
+}
+#define PK_CHECK(cond, ...) TORCH_CHECK(cond, msg(__VA_ARGS__))
+
 #define PK_CHECK_DEVICE(x, dev) \
-  TORCH_CHECK((x).is_cuda() && (x).device() == (dev), #x " must be on device ", (dev), ", got ", (x).device())
+  PK_CHECK((x).is_cuda() && (x).device() == (dev), #x " must be on device ", (dev), ", got ", (x).device())
 #define PK_CHECK_LAST_CONTIG(x) \
-  TORCH_CHECK((x).stride(-1) == 1, #x " must have a contiguous last dimension, got strides ", ints((x).strides()))
+  PK_CHECK((x).stride(-1) == 1, #x " must have a contiguous last dimension, got strides ", ints((x).strides()))
 #define PK_CHECK_SHAPE(x, ...) check_shape((x), #x, {__VA_ARGS__})
-#define PK_CHECK_DTYPE(x, dt) TORCH_CHECK((x).scalar_type() == (dt), #x " must be ", (dt), ", got ", (x).scalar_type())
+#define PK_CHECK_DTYPE(x, dt) PK_CHECK((x).scalar_type() == (dt), #x " must be ", (dt), ", got ", (x).scalar_type())
 
 std::string ints(at::IntArrayRef v) {
   std::string r = "(";
@@ -41,7 +60,7 @@ void check_shape(const at::Tensor& t, const char* name, std::initializer_list<in
   if (ok) return;
   for (int64_t j = 0; j < t.dim(); ++j) g += std::to_string(t.size(j)) + (j + 1 < t.dim() ? ", " : "");
   g += ")";
-  TORCH_CHECK(false, std::string(name) + " must have shape " + w + ", got " + g);
+  PK_CHECK(false, std::string(name) + " must have shape " + w + ", got " + g);
 }
 
 enum Layout : int64_t { kBhsd = 0, kBshd = 1, kHcu = 3 };
@@ -52,7 +71,7 @@ pk::DType dtype_code(at::ScalarType t) {
     case at::kBFloat16: return pk::kBF16;
     case at::kFloat8_e4m3fn: return pk::kE4M3;
     case at::kFloat8_e5m2: return pk::kE5M2;
-    default: TORCH_CHECK(false, "unsupported dtype ", t);
+    default: PK_CHECK(false, "unsupported dtype ", t);
   }
   return pk::kF16;  // unreachable
 }
@@ -63,7 +82,7 @@ struct CacheGeom {
 
 // Fill the cache strides of p for a layout and return (num_blocks, block_size, Hkv, D).
 CacheGeom cache_strides(const at::Tensor& k, const at::Tensor& v, int64_t layout, pk::AttnParams& p) {
-  TORCH_CHECK(k.dim() == 4 && v.dim() == 4, "k_cache and v_cache must be 4-D, got ", ints(k.sizes()), " and ",
+  PK_CHECK(k.dim() == 4 && v.dim() == 4, "k_cache and v_cache must be 4-D, got ", ints(k.sizes()), " and ",
               ints(v.sizes()));
   CacheGeom g;
   if (layout == kBshd) {  // [N, B, H, D]
@@ -73,7 +92,7 @@ CacheGeom cache_strides(const at::Tensor& k, const at::Tensor& v, int64_t layout
     p.v_stride_block = v.stride(0), p.v_stride_token = v.stride(1), p.v_stride_head = v.stride(2);
     p.v_stride_dim = 1;
   } else {  // K [N, H, B, D]
-    TORCH_CHECK(layout == kBhsd || layout == kHcu, "layout must be 0 (bhsd), 1 (bshd) or 3 (hcu), got ", layout);
+    PK_CHECK(layout == kBhsd || layout == kHcu, "layout must be 0 (bhsd), 1 (bshd) or 3 (hcu), got ", layout);
     g = {k.size(0), k.size(2), k.size(1), k.size(3)};
     p.k_stride_block = k.stride(0), p.k_stride_token = k.stride(2), p.k_stride_head = k.stride(1);
     if (layout == kBhsd) {
@@ -88,24 +107,24 @@ CacheGeom cache_strides(const at::Tensor& k, const at::Tensor& v, int64_t layout
   }
   PK_CHECK_LAST_CONTIG(k);
   PK_CHECK_LAST_CONTIG(v);
-  TORCH_CHECK(g.head_dim == 64 || g.head_dim == 128, "head_dim must be 64 or 128, got ", g.head_dim);
-  TORCH_CHECK(g.block_size >= 16 && (g.block_size & (g.block_size - 1)) == 0,
+  PK_CHECK(g.head_dim == 64 || g.head_dim == 128, "head_dim must be 64 or 128, got ", g.head_dim);
+  PK_CHECK(g.block_size >= 16 && (g.block_size & (g.block_size - 1)) == 0,
               "block_size must be a power of 2 >= 16, got ", g.block_size);
   // 16-byte loads: aligned bases and strides in whole 16-byte vectors.
   const int64_t epv = 16 / k.element_size();
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(k.data_ptr()) % 16 == 0 &&
+  PK_CHECK(reinterpret_cast<uintptr_t>(k.data_ptr()) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0,
               "k_cache and v_cache must be 16-byte aligned");
   for (int64_t s : {p.k_stride_block, p.k_stride_token, p.k_stride_head, p.v_stride_block,
                     p.v_stride_head, layout == kHcu ? p.v_stride_dim : p.v_stride_token})
-    TORCH_CHECK(s % epv == 0, "cache strides must be multiples of ", epv, " elements, got k ",
+    PK_CHECK(s % epv == 0, "cache strides must be multiples of ", epv, " elements, got k ",
                 ints(k.strides()), " v ", ints(v.strides()));
   return g;
 }
 
 void check_q_like(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.stride(-1) == 1, name, " must have a contiguous last dimension");
-  TORCH_CHECK(t.stride(0) % 2 == 0 && t.stride(1) % 2 == 0 &&
+  PK_CHECK(t.stride(-1) == 1, name, " must have a contiguous last dimension");
+  PK_CHECK(t.stride(0) % 2 == 0 && t.stride(1) % 2 == 0 &&
                   reinterpret_cast<uintptr_t>(t.data_ptr()) % 4 == 0,
               name, " must be 4-byte aligned with even strides, got ", ints(t.strides()));
 }
@@ -113,10 +132,10 @@ void check_q_like(const at::Tensor& t, const char* name) {
 void check_scale(const std::optional<at::Tensor>& s, const char* name, bool fp8, int64_t hkv,
                  const at::Device& dev) {
   if (!fp8) return;
-  TORCH_CHECK(s.has_value(), name, " is required for an fp8 cache");
+  PK_CHECK(s.has_value(), name, " is required for an fp8 cache");
   PK_CHECK_DEVICE(*s, dev);
   PK_CHECK_DTYPE(*s, at::kFloat);
-  TORCH_CHECK(s->dim() == 1 && s->size(0) == hkv && s->is_contiguous(), name,
+  PK_CHECK(s->dim() == 1 && s->size(0) == hkv && s->is_contiguous(), name,
               " must be a contiguous float32 [num_kv_heads=", hkv, "], got ", ints(s->sizes()));
 }
 
@@ -131,28 +150,28 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
                   const std::optional<at::Tensor>& v_scale, int64_t layout, double scale,
                   int64_t partition_size, int64_t q_head_grid) {
   const at::Device dev = q.device();
-  TORCH_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
+  PK_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k_cache, &v_cache, &block_table, &seq_lens, &out})
-    TORCH_CHECK(t->is_cuda() && t->device() == dev, "all tensors must be on ", dev);
-  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
-  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k_cache and v_cache dtypes differ");
+    PK_CHECK(t->is_cuda() && t->device() == dev, "all tensors must be on ", dev);
+  PK_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
+  PK_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k_cache and v_cache dtypes differ");
   const auto kvt = k_cache.scalar_type();
   const bool fp8 = kvt == at::kFloat8_e4m3fn || kvt == at::kFloat8_e5m2;
-  TORCH_CHECK(fp8 || kvt == q.scalar_type(), "cache dtype must equal q's or be fp8, got ", kvt);
-  TORCH_CHECK(q.dim() == 3, "q must be [num_seqs, num_q_heads, head_dim], got ", ints(q.sizes()));
+  PK_CHECK(fp8 || kvt == q.scalar_type(), "cache dtype must equal q's or be fp8, got ", kvt);
+  PK_CHECK(q.dim() == 3, "q must be [num_seqs, num_q_heads, head_dim], got ", ints(q.sizes()));
   check_q_like(q, "q");
 
   pk::AttnParams p{};
   const CacheGeom g = cache_strides(k_cache, v_cache, layout, p);
   const int64_t S = q.size(0), Hq = q.size(1), D = q.size(2);
-  TORCH_CHECK(D == g.head_dim, "q head_dim ", D, " != cache head_dim ", g.head_dim);
-  TORCH_CHECK(Hq % g.num_kv_heads == 0, "num_q_heads ", Hq, " % num_kv_heads ", g.num_kv_heads, " != 0");
+  PK_CHECK(D == g.head_dim, "q head_dim ", D, " != cache head_dim ", g.head_dim);
+  PK_CHECK(Hq % g.num_kv_heads == 0, "num_q_heads ", Hq, " % num_kv_heads ", g.num_kv_heads, " != 0");
   PK_CHECK_DTYPE(block_table, at::kInt);
-  TORCH_CHECK(block_table.dim() == 2 && block_table.size(0) >= S, "block_table must be [>= num_seqs, W]");
+  PK_CHECK(block_table.dim() == 2 && block_table.size(0) >= S, "block_table must be [>= num_seqs, W]");
   PK_CHECK_LAST_CONTIG(block_table);
   PK_CHECK_DTYPE(seq_lens, at::kInt);
   PK_CHECK_SHAPE(seq_lens, S);
-  TORCH_CHECK(seq_lens.is_contiguous(), "seq_lens must be contiguous");
+  PK_CHECK(seq_lens.is_contiguous(), "seq_lens must be contiguous");
   PK_CHECK_DTYPE(out, q.scalar_type());
   PK_CHECK_SHAPE(out, S, Hq, D);
   check_q_like(out, "out");
@@ -160,12 +179,12 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
     PK_CHECK_DEVICE(*lse, dev);
     PK_CHECK_DTYPE(*lse, at::kFloat);
     PK_CHECK_SHAPE(*lse, S, Hq);
-    TORCH_CHECK(lse->is_contiguous(), "lse must be contiguous");
+    PK_CHECK(lse->is_contiguous(), "lse must be contiguous");
   }
   check_scale(k_scale, "k_scale", fp8, g.num_kv_heads, dev);
   check_scale(v_scale, "v_scale", fp8, g.num_kv_heads, dev);
-  TORCH_CHECK(partition_size > 0 && partition_size % 64 == 0, "partition_size must be a positive multiple of 64");
-  TORCH_CHECK(std::isfinite(scale) && scale > 0, "scale must be finite and > 0");
+  PK_CHECK(partition_size > 0 && partition_size % 64 == 0, "partition_size must be a positive multiple of 64");
+  PK_CHECK(std::isfinite(scale) && scale > 0, "scale must be finite and > 0");
   if (S == 0) return;
 
   const c10::cuda::CUDAGuard guard(dev);
@@ -189,7 +208,7 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   p.page_size = g.block_size;
   p.partition_size = partition_size;
   p.max_partitions = std::max<int64_t>(1, (capacity + partition_size - 1) / partition_size);
-  TORCH_CHECK(p.max_partitions < 65536 && S < 65536, "grid too large");
+  PK_CHECK(p.max_partitions < 65536 && S < 65536, "grid too large");
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);  // exp2 domain
 
   at::Tensor tmp, ml, es;
@@ -204,7 +223,7 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   }
   void* stream = c10::cuda::getCurrentCUDAStream().stream();
   const char* err = pk::launch_decode(p, dtype_code(q.scalar_type()), dtype_code(kvt), D, layout == kHcu, stream);
-  TORCH_CHECK(err == nullptr, "pagedattn_hip.paged_decode launch failed: ", err);
+  PK_CHECK(err == nullptr, "pagedattn_hip.paged_decode launch failed: ", err);
 }
 
 void extend_attention(const at::Tensor& q,             // [T, Hq, D]
@@ -216,29 +235,29 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
                       const std::optional<at::Tensor>& lse,  // float32 [T, Hq]
                       int64_t layout, double scale, int64_t max_q_len) {
   const at::Device dev = q.device();
-  TORCH_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
+  PK_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k_cache, &v_cache, &block_table, &cu_seqlens_q, &seq_lens, &out})
-    TORCH_CHECK(t->is_cuda() && t->device() == dev, "all tensors must be on ", dev);
-  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
+    PK_CHECK(t->is_cuda() && t->device() == dev, "all tensors must be on ", dev);
+  PK_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
   PK_CHECK_DTYPE(k_cache, q.scalar_type());
   PK_CHECK_DTYPE(v_cache, q.scalar_type());
-  TORCH_CHECK(layout == kBhsd || layout == kBshd, "extend supports layouts bhsd (0) and bshd (1)");
-  TORCH_CHECK(q.dim() == 3, "q must be [tokens, num_q_heads, head_dim], got ", ints(q.sizes()));
+  PK_CHECK(layout == kBhsd || layout == kBshd, "extend supports layouts bhsd (0) and bshd (1)");
+  PK_CHECK(q.dim() == 3, "q must be [tokens, num_q_heads, head_dim], got ", ints(q.sizes()));
   check_q_like(q, "q");
   pk::AttnParams p{};
   const CacheGeom g = cache_strides(k_cache, v_cache, layout, p);
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
-  TORCH_CHECK(D == g.head_dim, "q head_dim ", D, " != cache head_dim ", g.head_dim);
-  TORCH_CHECK(Hq % g.num_kv_heads == 0, "num_q_heads ", Hq, " % num_kv_heads ", g.num_kv_heads, " != 0");
+  PK_CHECK(D == g.head_dim, "q head_dim ", D, " != cache head_dim ", g.head_dim);
+  PK_CHECK(Hq % g.num_kv_heads == 0, "num_q_heads ", Hq, " % num_kv_heads ", g.num_kv_heads, " != 0");
   PK_CHECK_DTYPE(cu_seqlens_q, at::kInt);
-  TORCH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1 && cu_seqlens_q.is_contiguous(),
+  PK_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1 && cu_seqlens_q.is_contiguous(),
               "cu_seqlens_q must be a contiguous int32 [num_seqs + 1]");
   const int64_t S = cu_seqlens_q.size(0) - 1;
   PK_CHECK_DTYPE(seq_lens, at::kInt);
   PK_CHECK_SHAPE(seq_lens, S);
-  TORCH_CHECK(seq_lens.is_contiguous(), "seq_lens must be contiguous");
+  PK_CHECK(seq_lens.is_contiguous(), "seq_lens must be contiguous");
   PK_CHECK_DTYPE(block_table, at::kInt);
-  TORCH_CHECK(block_table.dim() == 2 && block_table.size(0) >= S, "block_table must be [>= num_seqs, W]");
+  PK_CHECK(block_table.dim() == 2 && block_table.size(0) >= S, "block_table must be [>= num_seqs, W]");
   PK_CHECK_LAST_CONTIG(block_table);
   PK_CHECK_DTYPE(out, q.scalar_type());
   PK_CHECK_SHAPE(out, T, Hq, D);
@@ -247,10 +266,10 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
     PK_CHECK_DEVICE(*lse, dev);
     PK_CHECK_DTYPE(*lse, at::kFloat);
     PK_CHECK_SHAPE(*lse, T, Hq);
-    TORCH_CHECK(lse->is_contiguous(), "lse must be contiguous");
+    PK_CHECK(lse->is_contiguous(), "lse must be contiguous");
   }
-  TORCH_CHECK(max_q_len >= 0, "max_q_len must be >= 0");
-  TORCH_CHECK(std::isfinite(scale) && scale > 0, "scale must be finite and > 0");
+  PK_CHECK(max_q_len >= 0, "max_q_len must be >= 0");
+  PK_CHECK(std::isfinite(scale) && scale > 0, "scale must be finite and > 0");
   if (S == 0 || T == 0 || max_q_len == 0) return;
 
   const c10::cuda::CUDAGuard guard(dev);
@@ -268,11 +287,11 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
   p.num_seqs = S, p.num_q_heads = Hq, p.num_kv_heads = g.num_kv_heads, p.group = Hq / g.num_kv_heads;
   p.page_size = g.block_size;
   p.num_m_blocks = (max_q_len + 63) / 64;
-  TORCH_CHECK(Hq < 65536 && S < 65536, "grid too large");
+  PK_CHECK(Hq < 65536 && S < 65536, "grid too large");
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   void* stream = c10::cuda::getCurrentCUDAStream().stream();
   const char* err = pk::launch_extend(p, dtype_code(q.scalar_type()), D, stream);
-  TORCH_CHECK(err == nullptr, "pagedattn_hip.extend_attention launch failed: ", err);
+  PK_CHECK(err == nullptr, "pagedattn_hip.extend_attention launch failed: ", err);
 }
 
 }  // namespace
