@@ -90,9 +90,14 @@ def _page_ids(bt_row, start, n_pages, PAGE: tl.constexpr, BLOCK_N: tl.constexpr)
 def _rows(ids, start, stride_b: tl.int64, stride_t: tl.int64, PAGE: tl.constexpr,
           BLOCK_N: tl.constexpr):
     """int64 offsets [N] of the tile's key rows: block term + token term, by broadcasting."""
+    NP: tl.constexpr = BLOCK_N // PAGE if PAGE < BLOCK_N else 1
     TPP: tl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N  # tile tokens per page
-    tok = (start % PAGE + tl.arange(0, TPP)).to(tl.int64) * stride_t  # [TPP]
-    return tl.reshape(ids[:, None] * stride_b + tok[None, :], [BLOCK_N])  # [NP, TPP] -> [N]
+    # Reshape the ids only and multiply by the strides after: triton 3.6 (the H200's) has no
+    # axis info for tt.reshape (divisibility 1), so reshaped offsets made K/V 2-byte loads that
+    # cp.async cannot take (no pipelining); id * stride keeps the stride's divisibility.
+    blk = tl.reshape(tl.broadcast_to(ids[:, None], [NP, TPP]), [BLOCK_N])  # [N] id per token
+    tok = (start % PAGE + tl.arange(0, BLOCK_N) % TPP).to(tl.int64)  # [N] token in its page
+    return blk * stride_b + tok * stride_t
 
 
 @triton.jit
