@@ -29,6 +29,8 @@ def main():
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--shapes", default="", help="indices into SHAPES")
     ap.add_argument("--heads", default="32/8", help="Hq/Hkv")
+    ap.add_argument("--combines", default="", help='split combine "UNROLL,WARPS;..." '
+                    "(PAGEDATTN_DECODE_COMBINE; default: the launcher's)")
     a = ap.parse_args()
     dev = "cuda"
     hq, hkv = (int(x) for x in a.heads.split("/"))
@@ -59,8 +61,12 @@ def main():
         out = torch.empty_like(q)
         nbytes = 2 * b * ctx * hkv * d * 2
         best = None
-        for mode, part, cfg in itertools.product(modes, partitions, configs):
+        combines = a.combines.split(";") if a.combines else [""]
+        for mode, part, cfg, comb in itertools.product(modes, partitions, configs, combines):
             os.environ["PAGEDATTN_DECODE_CONFIG"] = ",".join(map(str, cfg))
+            if comb:
+                os.environ["PAGEDATTN_DECODE_COMBINE"] = comb
+            cfg = cfg + ((f"combine {comb}",) if comb else ())
             os.environ["PAGEDATTN_DECODE_MODE"] = mode
             plan = pa.plan_decode(table, lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
                                   block_size=bs, num_blocks=nblk, q_dtype=torch.bfloat16,
@@ -83,6 +89,7 @@ def main():
         del kc, vc
     os.environ.pop("PAGEDATTN_DECODE_CONFIG", None)
     os.environ.pop("PAGEDATTN_DECODE_MODE", None)
+    os.environ.pop("PAGEDATTN_DECODE_COMBINE", None)
 
 
 if __name__ == "__main__":

@@ -184,6 +184,26 @@ def test_batch_invariance_and_empty_partitions(device, mode_guard):
         assert torch.equal(lse_i[0], lse[i])
 
 
+def test_many_partitions_combine_bitwise_across_launch_shapes(device, mode_guard, monkeypatch):
+    """More partitions than the split combine loads at once (P_BLOCK maxima, UNROLL states):
+    its wide loads fold in the same order as the one-pass combine, so outputs are bitwise equal.
+    """
+    monkeypatch.setattr(PD, "COMBINE_P_BLOCK", 8)  # 45 partitions: 6 chunks of maxima
+    gen = torch.Generator().manual_seed(17)
+    lens = [720, 33]  # 720 / 16 = 45 partitions; 33: 3
+    b = make_paged_batch(lens, num_kv_heads=1, head_dim=32, block_size=16, layout="bhsd",
+                         dtype=torch.float32, device=device, gen=gen)
+    q = torch.randn(2, 2, 32, generator=gen).to(device=device)
+    outs = {}
+    for combine in ("32,4", "8,1", "16,2"):  # split combine: states per load, warps
+        monkeypatch.setenv("PAGEDATTN_DECODE_COMBINE", combine)
+        outs[combine] = _decode(b, q, mode="split", partition_size=16, return_lse=True)
+    one, one_lse = _decode(b, q, mode="one_pass", partition_size=16, return_lse=True)
+    for combine, (out, lse) in outs.items():
+        assert torch.equal(out, one) and torch.equal(lse, one_lse), f"combine {combine}"
+    _check(b, q, one, one_lse, lens, 1, torch.float32)
+
+
 def test_out_buffer_fused_qkv_noncontiguous_cache(device, mode_guard):
     """out= is written in place; q is a strided slice of a fused qkv tensor; the cache is a
     non-contiguous view (make_paged_batch(contiguous=False))."""

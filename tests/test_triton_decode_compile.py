@@ -19,13 +19,14 @@ import re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from pagedattn.triton_kernels import decode as D
 from pagedattn.triton_kernels.decode import _combine_kernel, _decode_kernel
 
 INT_PTRS = ("block_table_ptr", "seq_lens_ptr")
 DATA_PTRS = ("q_ptr", "k_ptr", "v_ptr", "out_ptr")
 
 
-def compile_one(fn, cst, floats):
+def compile_one(fn, cst, floats, num_warps=4):
     names = fn.arg_names
 
     def ty(n):
@@ -41,20 +42,22 @@ def compile_one(fn, cst, floats):
     src = ASTSource(fn, {n: ty(n) for n in names},
                     constexprs={(names.index(k),): v for k, v in cst.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=4, num_stages=3))
+                          options=dict(num_warps=num_warps, num_stages=3))
 
 
 bs = int(sys.argv[1])
-common = dict(G=4, R=4, D=128, BLOCK_D=128, UNROLL=8, HAS_SINK=False, HAS_KV_SCALE=False,
+common = dict(G=4, R=4, D=128, BLOCK_D=128, HAS_SINK=False, HAS_KV_SCALE=False,
               RETURN_LSE=True)
 for one_pass in (False, True):
     k = compile_one(_decode_kernel, dict(
         common, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, BLOCK_M=16,
         BLOCK_N=64, ONE_BLOCK=bs % 64 == 0, ONE_PASS=one_pass, CAUSAL=False, HAS_WINDOW=False,
-        HAS_CAP=False, HAS_ALIBI=False, IEEE=False), ("scale", "cap"))
+        HAS_CAP=False, HAS_ALIBI=False, IEEE=False, UNROLL=D.COMBINE_UNROLL), ("scale", "cap"))
     waits = [int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", k.asm["ttgir"])]
     assert waits and max(waits) >= 1, f"K/V copies never overlap across tiles: waits {waits}"
-compile_one(_combine_kernel, common, ())
+unroll, warps = D.SPLIT_COMBINE
+compile_one(_combine_kernel, dict(common, UNROLL=unroll, P_BLOCK=D.COMBINE_P_BLOCK), (),
+            num_warps=warps)
 print("DECODE_COMPILES_OK")
 """
 

@@ -114,20 +114,27 @@ def _attend_partition(q, seq_len, lo, part_start, part_end, h, pos, slope2, d, d
 
 @triton.jit
 def _combine_row(ws_ml_ptr, ws_o_ptr, row0, n_parts, d, d_mask, sink2, R: tl.constexpr,
-                 D: tl.constexpr, UNROLL: tl.constexpr, HAS_SINK: tl.constexpr):
+                 D: tl.constexpr, UNROLL: tl.constexpr, HAS_SINK: tl.constexpr,
+                 P_BLOCK: tl.constexpr):
     """Merge the n_parts partition states of one row (§1.4.3), in partition order.
 
     row0: int64 workspace row of (sequence, head, partition 0, this row); partition p is at
-    row0 + p * R. UNROLL partitions' states are loaded at once (latency), then folded one by one
-    in partition order (extraction by a masked sum is exact), so the arithmetic is elementwise
-    and identical in every launch shape. Returns out [1, BLOCK_D] float32 and lse2 [1].
+    row0 + p * R. Pass 1 reads P_BLOCK maxima per load; pass 2 loads UNROLL partitions' states
+    at once, then folds them one by one in partition order (extraction by a masked sum is exact).
+    The arithmetic is elementwise and in partition order whatever P_BLOCK and UNROLL are, so it
+    is identical in every launch shape. Returns out [1, BLOCK_D] float32 and lse2 [1].
+
+    NOTE each load is a dependent round trip (~1 us on the H200): the combine of 64 partitions
+    with 8 per load cost ~16 us of a 45 us decode at (1, 32768) (the sweep: 128 partitions added
+    16.5 us), hence wide loads in the split launch's combine kernel.
     """
     u_idx = tl.arange(0, UNROLL)
+    p_idx = tl.arange(0, P_BLOCK)
     big_m = tl.full((1,), float("-inf"), tl.float32)
-    for p0 in range(0, n_parts, UNROLL):  # pass 1: the max (exact in any order)
-        pp = p0 + u_idx
+    for p0 in range(0, n_parts, P_BLOCK):  # pass 1: the max (exact in any order)
+        pp = p0 + p_idx
         m_p = tl.load(ws_ml_ptr + 2 * (row0 + pp * R), mask=pp < n_parts, other=float("-inf"),
-                      cache_modifier=".cg")  # [UNROLL]
+                      cache_modifier=".cg")  # [P_BLOCK]
         big_m = tl.maximum(big_m, tl.max(m_p, axis=0))
     m_safe = tl.where(big_m == float("-inf"), 0.0, big_m)  # [1]
     l_sum = tl.zeros((1,), tl.float32)
@@ -154,7 +161,8 @@ def _combine_row(ws_ml_ptr, ws_o_ptr, row0, n_parts, d, d_mask, sink2, R: tl.con
 def _combine_and_store(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, r, h, s, d, d_mask, sinks_ptr,
                        out_ptr, lse_ptr, v_scale, Hq, LQ, stride_ob: tl.int64,
                        stride_ot: tl.int64, stride_oh: tl.int64, G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
-                       UNROLL: tl.constexpr, HAS_SINK: tl.constexpr, RETURN_LSE: tl.constexpr):
+                       UNROLL: tl.constexpr, HAS_SINK: tl.constexpr, RETURN_LSE: tl.constexpr,
+                       P_BLOCK: tl.constexpr):
     """Combine row r of (sequence s, KV head h) and write its output (and lse)."""
     one = tl.arange(0, 1)
     qi = one * 0 + r // G
@@ -163,7 +171,7 @@ def _combine_and_store(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, r, h, s, d, d_mask
     if HAS_SINK:
         sink2 = tl.load(sinks_ptr + qh) * 1.4426950408889634
     o, lse2 = _combine_row(ws_ml_ptr, ws_o_ptr, ws_row0 + r, n_parts, d, d_mask, sink2, R, D,
-                           UNROLL, HAS_SINK)
+                           UNROLL, HAS_SINK, P_BLOCK)
     _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, one == 0, d_mask, v_scale, Hq, LQ,
                 stride_ob, stride_ot, stride_oh, RETURN_LSE)
 
@@ -270,7 +278,8 @@ def _decode_kernel(
             for r in range(0, R):
                 _combine_and_store(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, r, h, s, d, d_mask,
                                    sinks_ptr, out_ptr, lse_ptr, v_scale, Hq, LQ, stride_ob,
-                                   stride_ot, stride_oh, G, R, D, UNROLL, HAS_SINK, RETURN_LSE)
+                                   stride_ot, stride_oh, G, R, D, UNROLL, HAS_SINK, RETURN_LSE,
+                                   UNROLL)
 
 
 @triton.jit
@@ -282,7 +291,8 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
                     G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
                     BLOCK_D: tl.constexpr, UNROLL: tl.constexpr, HAS_SINK: tl.constexpr,
-                    HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr):
+                    HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr,
+                    P_BLOCK: tl.constexpr):
     # grid: (Hkv, B, R): one program per output row, so the partition loop of one row is the
     # only serial work; sequences with a single partition were finished by _decode_kernel.
     h = tl.program_id(0)
@@ -299,7 +309,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         ws_row0 = ((s * tl.num_programs(0) + h) * P) * R
         _combine_and_store(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, r, h, s, d, d_mask, sinks_ptr,
                            out_ptr, lse_ptr, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh,
-                           G, R, D, UNROLL, HAS_SINK, RETURN_LSE)
+                           G, R, D, UNROLL, HAS_SINK, RETURN_LSE, P_BLOCK)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -318,7 +328,22 @@ _CONFIGS = {
 }
 _TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
 MAX_ROWS = 256  # G * Lq rows per program
-COMBINE_UNROLL = 8  # partition states loaded per round trip in the combine
+COMBINE_UNROLL = 8  # partition states per load in the one-pass program's combine
+# The split launch's combine kernel: 32 partition states per load with 4 warps (8 for D > 128),
+# and all maxima (up to 128 partitions) in one load: 3 dependent round trips for 64 partitions
+# instead of 16. Same arithmetic in the same order as the one-pass combine (bitwise equal).
+# PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS" overrides (A/B runs; 8,1 was the first version).
+SPLIT_COMBINE = (32, 4)
+COMBINE_P_BLOCK = 128
+
+
+def _combine_config(block_d):
+    env = os.environ.get("PAGEDATTN_DECODE_COMBINE")
+    if env:
+        unroll, warps = (int(x) for x in env.split(","))
+        return unroll, warps
+    unroll, warps = SPLIT_COMBINE
+    return unroll, warps if block_d <= 128 else 2 * warps
 
 
 def _next_pow2(n):
@@ -403,7 +428,7 @@ def run(call):
         ws_ml = ws_o = lse  # never touched: every sequence fits one partition
     dummy = torch.empty(1, **f32)
     has_kv_scale = call.k_cache.dtype in FP8_DTYPES and o.k_scale is not None
-    common = dict(G=group, R=rows, D=d, BLOCK_D=block_d, UNROLL=COMBINE_UNROLL,
+    common = dict(G=group, R=rows, D=d, BLOCK_D=block_d,
                   HAS_SINK=o.sinks is not None, HAS_KV_SCALE=has_kv_scale,
                   RETURN_LSE=call.return_lse)
     # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
@@ -429,13 +454,15 @@ def run(call):
         BLOCK_N=block_n, ONE_BLOCK=one_block, ONE_PASS=mode == "one_pass", CAUSAL=lq > 1,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
-        BLOCK_M=block_m, num_warps=num_warps, num_stages=num_stages, **common)
+        BLOCK_M=block_m, UNROLL=COMBINE_UNROLL, num_warps=num_warps, num_stages=num_stages,
+        **common)
     if mode == "split" and n_part_max > 1:
+        c_unroll, c_warps = _combine_config(block_d)
         # grid: (KV head, sequence, row); programs of single-partition sequences exit at once
         _combine_kernel[(hkv, nb, rows)](
             seq_lens_ptr=call.seq_lens, v_scale_ptr=o.v_scale if has_kv_scale else dummy,
             sinks_ptr=o.sinks if o.sinks is not None else dummy, out_ptr=out4, lse_ptr=lse,
             ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, Hq=hq, LQ=lq, P=n_part_max, PART=part,
             stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
-            num_warps=1 if block_d <= 128 else 2, **common)
+            UNROLL=c_unroll, P_BLOCK=COMBINE_P_BLOCK, num_warps=c_warps, **common)
     return lse.view(q.shape[:-1]) if call.return_lse else None
