@@ -11,8 +11,8 @@ Shapes: Hq/Hkv 32/8 and 32/32, D 128, bf16, block 16 and 64, (batch, ctx) in
 * peers: torch SDPA on contiguous [B, H, ctx, D] K/V (``enable_gqa``), and FlashInfer's
   ``BatchDecodeWithPagedKVCacheWrapper`` (HND = our bhsd) when ``import flashinfer`` works, in
   its three paths: ``flashinfer`` (tensor cores, backend "auto": FA3 on sm_90),
-  ``flashinfer_fa2`` (tensor cores, FA2) and ``flashinfer_cuda`` (``use_tensor_cores=False``). Every peer is wrapped in try/except: a failure is a
-  note in the table, never a crash.
+  ``flashinfer_fa2`` (tensor cores, FA2) and ``flashinfer_cuda`` (``use_tensor_cores=False``).
+  Every peer is wrapped in try/except: a failure is a note in the table, never a crash.
 
 Usage: ``python -m bench.bench_decode [--quick] [--out DIR] [--mode one_pass|split]``.
 On a CPU it runs one tiny shape under the Triton interpreter and says so (timings meaningless).
@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from bench.common import git_commit
+from bench.common import git_commit, time_fn
 
 SHAPES = [(1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512)]
 HEADS = [(32, 8), (32, 32)]
@@ -44,28 +44,13 @@ def _bench(fn, device):
     return (time.perf_counter() - t) * 1e6
 
 
-def _bench_graph(fn, calls=10):
-    """Median time of one call when ``calls`` calls are replayed from one CUDA graph.
+def _bench_graph(fn):
+    """µs per call when 10 calls replay from one CUDA graph (bench.common.time_fn).
 
     NOTE serving engines capture decode in CUDA graphs; eager timing of a ~30 us kernel mostly
     measures the Python launch path (validation, dispatch, argument packing), so both are shown.
     """
-    import torch
-    import triton
-
-    fn()  # compile outside the capture
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    us = triton.testing.do_bench(g.replay, warmup=5, rep=50, return_mode="median") * 1e3 / calls
-    del g
-    return us
+    return time_fn(fn, device="cuda", cuda_graph=True, graph_calls=10, rep=100) * 1e6
 
 
 def read_bandwidth(device):

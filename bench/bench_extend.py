@@ -7,8 +7,9 @@ Shapes: Hq/Hkv 32/8, D 128, bf16, block 16, layout bhsd (= FlashInfer HND);
   visible (shifted-causal) keys only.
 * time: median of ``triton.testing.do_bench`` (eager: includes any host launch gap), and
   ``graph_*``: per call when 3 calls replay from one CUDA graph (no host in the loop; the
-  fair kernel-to-kernel figure on a machine with slow launches); ceiling: ``torch.matmul`` 8192^3 bf16 on random
-  data measured in the same run (bench.common.measure_ceilings); ``%mm`` = TFLOP/s / that.
+  fair kernel-to-kernel figure on a machine with slow launches); ceiling: ``torch.matmul``
+  8192^3 bf16 on random data measured in the same run (bench.common.measure_ceilings);
+  ``%mm`` = TFLOP/s / that.
 * triton: ``pagedattn.extend_attention(backend="triton", max_q_len=...)`` (no host sync, no
   validation) with the new tokens' K/V read from the cache (``--new-from k_new`` reads them from
   contiguous k_new/v_new instead).
@@ -165,8 +166,7 @@ def main(argv=None) -> int:
                            pct_matmul=round(100 * f / t / 1e12 / mm, 1), note=how)
                 if device == "cuda":
                     try:
-                        from bench.bench_decode import _bench_graph
-                        g = _bench_graph(fn, calls=3) * 1e-6
+                        g = C.time_fn(fn, device="cuda", cuda_graph=True, graph_calls=3, rep=100)
                         row.update(graph_ms=round(g * 1e3, 4), graph_TFLOPs=round(f / g / 1e12, 2),
                                    graph_pct_matmul=round(100 * f / g / 1e12 / mm, 1))
                     except Exception as e:  # noqa: BLE001 - e.g. a peer that syncs in run()

@@ -12,7 +12,7 @@ import torch
 import triton
 
 import pagedattn as pa
-from bench.bench_decode import _bench_graph
+from bench.bench_decode import _bench_graph, read_bandwidth
 
 SHAPES = [(1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512)]
 CONFIGS = [(bn, w, st) for bn, w, st in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))]
@@ -43,11 +43,8 @@ def main():
         partitions = tuple(int(x) for x in a.partitions.split(","))
     modes = tuple(a.modes.split(","))
     shapes = [SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else SHAPES
-    x = torch.ones(2 ** 30, dtype=torch.bfloat16, device=dev)
-    ms = triton.testing.do_bench(lambda: x.sum(dtype=torch.float32), return_mode="median")
-    bw = x.numel() * 2 / (ms * 1e-3)
-    del x
-    print(f"read bw {bw / 1e9:.0f} GB/s (bf16 sum of 2 GiB); Hq/Hkv {hq}/{hkv}, D {d}, block {bs}")
+    bw = read_bandwidth(dev)
+    print(f"read bw {bw / 1e9:.0f} GB/s (bf16 sum of 4 GiB); Hq/Hkv {hq}/{hkv}, D {d}, block {bs}")
     print("batch ctx mode part cfg eager_us graph_us graph_frac")
     for b, ctx in shapes:
         nblk = b * ctx // bs + 1
