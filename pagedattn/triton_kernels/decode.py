@@ -17,7 +17,8 @@ Two launch shapes evaluate exactly this arithmetic:
 * split (v2): grid (Hkv, B, P_max), one program per partition, then a combine launch on
   (Hkv, B). Used when B * Hkv does not fill the GPU.
 * one-pass (v1): grid (Hkv, B); the program walks its sequence's partitions itself and runs the
-  same combine at the end (workspace reads after a CTA barrier). Used when B * Hkv >= dispatch.core.FILL * SMs.
+  same combine at the end (workspace reads after a CTA barrier). Used when
+  B * Hkv >= dispatch.core.FILL * SMs.
 
 NOTE batch invariance: split points depend only on the sequence and the partition size (never
 on the batch), single- vs multi-partition handling is decided per sequence, and both launch
@@ -32,6 +33,7 @@ import triton
 import triton.language as tl
 
 from pagedattn import layouts as L
+from pagedattn.dispatch import core as _dispatch
 from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels._common import (LN2, LOG2E, alibi_bias, finalize_state, kv_offset,
                                               online_softmax_step, soft_cap, visible)
@@ -340,8 +342,7 @@ COMBINE_P_BLOCK = 128
 def _combine_config(block_d):
     env = os.environ.get("PAGEDATTN_DECODE_COMBINE")
     if env:
-        unroll, warps = (int(x) for x in env.split(","))
-        return unroll, warps
+        return tuple(int(x) for x in env.split(","))
     unroll, warps = SPLIT_COMBINE
     return unroll, warps if block_d <= 128 else 2 * warps
 
@@ -391,8 +392,7 @@ def _mode(num_seqs, num_kv_heads, device):
         return forced
     # one pass only when the (head, sequence) programs alone make many waves (dispatch.core.FILL,
     # measured); both launch shapes give bitwise-equal outputs
-    from pagedattn.dispatch.core import FILL
-    return "one_pass" if num_seqs * num_kv_heads >= FILL * _num_sms(device) else "split"
+    return "one_pass" if num_seqs * num_kv_heads >= _dispatch.FILL * _num_sms(device) else "split"
 
 
 def run(call):
