@@ -139,6 +139,41 @@ void check_scale(const std::optional<at::Tensor>& s, const char* name, bool fp8,
               " must be a contiguous float32 [num_kv_heads=", hkv, "], got ", ints(s->sizes()));
 }
 
+// Checks both entry points share (same order and messages in each).
+// q [rows, Hq, D] against the cache: same head_dim, whole GQA groups.
+void check_heads(const at::Tensor& q, const CacheGeom& g) {
+  const int64_t Hq = q.size(1), D = q.size(2);
+  PK_CHECK(D == g.head_dim, "q head_dim ", D, " != cache head_dim ", g.head_dim);
+  PK_CHECK(Hq % g.num_kv_heads == 0, "num_q_heads ", Hq, " % num_kv_heads ", g.num_kv_heads, " != 0");
+}
+
+void check_block_table(const at::Tensor& block_table, int64_t S) {
+  PK_CHECK_DTYPE(block_table, at::kInt);
+  PK_CHECK(block_table.dim() == 2 && block_table.size(0) >= S, "block_table must be [>= num_seqs, W]");
+  PK_CHECK_LAST_CONTIG(block_table);
+}
+
+void check_seq_lens(const at::Tensor& seq_lens, int64_t S) {
+  PK_CHECK_DTYPE(seq_lens, at::kInt);
+  PK_CHECK_SHAPE(seq_lens, S);
+  PK_CHECK(seq_lens.is_contiguous(), "seq_lens must be contiguous");
+}
+
+// out like q [rows, Hq, D]; lse float32 [rows, Hq].
+void check_out_lse(const at::Tensor& q, const at::Tensor& out, const std::optional<at::Tensor>& lse,
+                   const at::Device& dev) {
+  const int64_t rows = q.size(0), Hq = q.size(1), D = q.size(2);
+  PK_CHECK_DTYPE(out, q.scalar_type());
+  PK_CHECK_SHAPE(out, rows, Hq, D);
+  check_q_like(out, "out");
+  if (lse) {
+    PK_CHECK_DEVICE(*lse, dev);
+    PK_CHECK_DTYPE(*lse, at::kFloat);
+    PK_CHECK_SHAPE(*lse, rows, Hq);
+    PK_CHECK(lse->is_contiguous(), "lse must be contiguous");
+  }
+}
+
 void paged_decode(const at::Tensor& q,            // [S, Hq, D]
                   const at::Tensor& k_cache,      // layout-specific
                   const at::Tensor& v_cache,
@@ -164,23 +199,10 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   pk::AttnParams p{};
   const CacheGeom g = cache_strides(k_cache, v_cache, layout, p);
   const int64_t S = q.size(0), Hq = q.size(1), D = q.size(2);
-  PK_CHECK(D == g.head_dim, "q head_dim ", D, " != cache head_dim ", g.head_dim);
-  PK_CHECK(Hq % g.num_kv_heads == 0, "num_q_heads ", Hq, " % num_kv_heads ", g.num_kv_heads, " != 0");
-  PK_CHECK_DTYPE(block_table, at::kInt);
-  PK_CHECK(block_table.dim() == 2 && block_table.size(0) >= S, "block_table must be [>= num_seqs, W]");
-  PK_CHECK_LAST_CONTIG(block_table);
-  PK_CHECK_DTYPE(seq_lens, at::kInt);
-  PK_CHECK_SHAPE(seq_lens, S);
-  PK_CHECK(seq_lens.is_contiguous(), "seq_lens must be contiguous");
-  PK_CHECK_DTYPE(out, q.scalar_type());
-  PK_CHECK_SHAPE(out, S, Hq, D);
-  check_q_like(out, "out");
-  if (lse) {
-    PK_CHECK_DEVICE(*lse, dev);
-    PK_CHECK_DTYPE(*lse, at::kFloat);
-    PK_CHECK_SHAPE(*lse, S, Hq);
-    PK_CHECK(lse->is_contiguous(), "lse must be contiguous");
-  }
+  check_heads(q, g);
+  check_block_table(block_table, S);
+  check_seq_lens(seq_lens, S);
+  check_out_lse(q, out, lse, dev);
   check_scale(k_scale, "k_scale", fp8, g.num_kv_heads, dev);
   check_scale(v_scale, "v_scale", fp8, g.num_kv_heads, dev);
   PK_CHECK(partition_size > 0 && partition_size % 64 == 0, "partition_size must be a positive multiple of 64");
@@ -247,27 +269,14 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
   pk::AttnParams p{};
   const CacheGeom g = cache_strides(k_cache, v_cache, layout, p);
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
-  PK_CHECK(D == g.head_dim, "q head_dim ", D, " != cache head_dim ", g.head_dim);
-  PK_CHECK(Hq % g.num_kv_heads == 0, "num_q_heads ", Hq, " % num_kv_heads ", g.num_kv_heads, " != 0");
+  check_heads(q, g);
   PK_CHECK_DTYPE(cu_seqlens_q, at::kInt);
   PK_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1 && cu_seqlens_q.is_contiguous(),
               "cu_seqlens_q must be a contiguous int32 [num_seqs + 1]");
   const int64_t S = cu_seqlens_q.size(0) - 1;
-  PK_CHECK_DTYPE(seq_lens, at::kInt);
-  PK_CHECK_SHAPE(seq_lens, S);
-  PK_CHECK(seq_lens.is_contiguous(), "seq_lens must be contiguous");
-  PK_CHECK_DTYPE(block_table, at::kInt);
-  PK_CHECK(block_table.dim() == 2 && block_table.size(0) >= S, "block_table must be [>= num_seqs, W]");
-  PK_CHECK_LAST_CONTIG(block_table);
-  PK_CHECK_DTYPE(out, q.scalar_type());
-  PK_CHECK_SHAPE(out, T, Hq, D);
-  check_q_like(out, "out");
-  if (lse) {
-    PK_CHECK_DEVICE(*lse, dev);
-    PK_CHECK_DTYPE(*lse, at::kFloat);
-    PK_CHECK_SHAPE(*lse, T, Hq);
-    PK_CHECK(lse->is_contiguous(), "lse must be contiguous");
-  }
+  check_seq_lens(seq_lens, S);
+  check_block_table(block_table, S);
+  check_out_lse(q, out, lse, dev);
   PK_CHECK(max_q_len >= 0, "max_q_len must be >= 0");
   PK_CHECK(std::isfinite(scale) && scale > 0, "scale must be finite and > 0");
   if (S == 0 || T == 0 || max_q_len == 0) return;
