@@ -6,8 +6,9 @@ Shapes: Hq/Hkv 32/8 and 32/32, D 128, bf16, block 16 and 64, (batch, ctx) in
 * time: ``triton.testing.do_bench`` median. Every KV cache here is >= 134 MB, well past the
   H200's 60 MB L2, so the KV reads come from HBM (cold L2) without rotating inputs.
 * bytes: K + V bytes read + q bytes read + out bytes written.
-* ceiling: read bandwidth measured in the same run as ``x.sum()`` over a 4 GiB bf16 tensor
-  (bytes read / time; a reduction writes nothing). ``frac`` = achieved / that.
+* ceiling: read bandwidth measured in the same run over a 4 GiB bf16 tensor, the best of
+  ``x.sum()`` and a streaming-read kernel (``bench.read_probe``; bytes read / time).
+  ``frac`` = achieved / that.
 * peers: torch SDPA on contiguous [B, H, ctx, D] K/V (``enable_gqa``), and FlashInfer's
   ``BatchDecodeWithPagedKVCacheWrapper`` (HND = our bhsd) when ``import flashinfer`` works, in
   its three paths: ``flashinfer`` (tensor cores, backend "auto": FA3 on sm_90),
@@ -51,17 +52,6 @@ def _bench_graph(fn):
     measures the Python launch path (validation, dispatch, argument packing), so both are shown.
     """
     return time_fn(fn, device="cuda", cuda_graph=True, graph_calls=10, rep=100) * 1e6
-
-
-def read_bandwidth(device):
-    """Bytes/s of x.sum() over a large tensor: the read ceiling (reads only)."""
-    import torch
-
-    n = (4 << 30) // 2 if device == "cuda" else (16 << 20) // 2
-    x = torch.ones(n, dtype=torch.bfloat16, device=device)
-    us = _bench(lambda: x.sum(dtype=torch.float32), device)
-    del x
-    return n * 2 / (us * 1e-6)
 
 
 def _case(batch, ctx, hq, hkv, bs, dtype, device, gen):
@@ -147,7 +137,9 @@ def main(argv=None):
         dtype = torch.float16
         shapes, heads, blocks = [(2, 40)], [(8, 2)], [16]
         dev_name = "CPU (Triton interpreter: timings NOT meaningful, smoke run only)"
-    bw = read_bandwidth(device)
+    from bench.read_probe import read_ceiling
+
+    bw, bw_how, bw_all = read_ceiling(device, (4 << 30) if device == "cuda" else (16 << 20))
     try:
         import flashinfer  # noqa: F401
         fi_note = "available"
@@ -203,8 +195,9 @@ def main(argv=None):
     df = pd.DataFrame(rows)
     header = (f"# paged decode bench\n\ndate {datetime.datetime.now().isoformat(timespec='seconds')}"
               f" | commit {git_commit()} | device {dev_name} | dtype {dtype} | D {D} | layout bhsd"
-              f"\n\nread bandwidth (x.sum over a large tensor, bytes read / time): "
-              f"{bw / 1e9:.2f} GB/s; frac = (K+V+q+out bytes / time) / that; *_graph_* = "
+              f"\n\nread bandwidth ({bw_how}; bytes read / time): {bw / 1e9:.2f} GB/s "
+              f"(GB/s of each: {', '.join(f'{k} {v:.0f}' for k, v in bw_all.items())}); "
+              f"frac = (K+V+q+out bytes / time) / that; *_graph_* = "
               f"time per call replayed from a CUDA graph of 10 calls (how engines run decode); "
               f"flashinfer {fi_note}\n")
     table_md = tabulate(df, headers="keys", tablefmt="github", showindex=False)

@@ -5,8 +5,9 @@ Every bench in this folder reports the same way (STYLE.md example 14, "benchmark
 * ``setup_device()`` once, before anything imports triton: on a machine without a GPU it sets
   ``TRITON_INTERPRET=1`` so Triton kernels run (slowly, timings meaningless) on the CPU, and
   one torch thread (``PAGEDATTN_BENCH_THREADS`` overrides).
-* ``measure_ceilings()`` once per run: the read bandwidth (``x.sum()`` over a 2 GiB tensor on a
-  GPU, 64 MiB on the CPU) and the dense matmul rate (bf16 8192^3 ``torch.matmul`` on a GPU, fp32
+* ``measure_ceilings()`` once per run: the read bandwidth (``bench.read_probe``: the best of
+  ``x.sum()`` and a streaming-read kernel over a 2 GiB tensor on a GPU; ``x.sum`` over 64 MiB on
+  the CPU) and the dense matmul rate (bf16 8192^3 ``torch.matmul`` on a GPU, fp32
   1024^3 on the CPU). Kernel numbers are reported as a fraction of these, measured in the same run.
 * ``time_fn()``: warm-up, then the median of per-call times. On a GPU each call is bracketed by
   CUDA events, preceded by a 256 MiB buffer write that evicts L2 (outside the timed interval) and
@@ -176,26 +177,26 @@ def time_fn(fn: Callable, *, inputs: Optional[Sequence[tuple]] = None, device: s
 
 
 def measure_ceilings(device: str, *, quick: bool = False) -> Dict[str, float]:
-    """Measured hardware ceilings of this run: read GB/s (sum over a large tensor) and matmul
-    TFLOP/s (square torch.matmul on random data)."""
+    """Measured hardware ceilings of this run: read GB/s (bench.read_probe: the best of x.sum and
+    a streaming-read kernel over a large tensor) and matmul TFLOP/s (square torch.matmul on
+    random data)."""
     import torch
 
     if device == "cuda":
         n_bytes, mm_n, mm_dtype = 2 * 2 ** 30, 8192, torch.bfloat16  # quick or not: ~0.1 s
     else:
         n_bytes, mm_n, mm_dtype = 64 * 2 ** 20, (1024 if not quick else 512), torch.float32
-    elem = torch.bfloat16 if device == "cuda" else torch.float32
-    x = torch.ones(n_bytes // torch.empty((), dtype=elem).element_size(), dtype=elem, device=device)
-    t_sum = time_fn(lambda: x.sum(), device=device, warmup=2, rep=10, flush_l2=False)
-    del x
+    from bench.read_probe import read_ceiling
+
+    read_bps, read_how, _ = read_ceiling(device, n_bytes)
     a = torch.randn(mm_n, mm_n, device=device, dtype=mm_dtype)
     b = torch.randn(mm_n, mm_n, device=device, dtype=mm_dtype)
     t_mm = time_fn(lambda: torch.matmul(a, b), device=device, warmup=2, rep=10 if device == "cuda"
                    else 3, flush_l2=False)
     what = "bf16 8192^3" if device == "cuda" else f"fp32 {mm_n}^3"
     return {
-        "read_GBps": n_bytes / t_sum / 1e9,
-        "read_ceiling": f"sum over {n_bytes / 2 ** 30:.2g} GiB",
+        "read_GBps": read_bps / 1e9,
+        "read_ceiling": read_how,
         "matmul_TFLOPs": 2 * mm_n ** 3 / t_mm / 1e12,
         "matmul_ceiling": f"torch.matmul {what}",
     }

@@ -12,7 +12,8 @@ import torch
 import triton
 
 import pagedattn as pa
-from bench.bench_decode import _bench_graph, read_bandwidth
+from bench.bench_decode import _bench_graph
+from bench.read_probe import read_ceiling
 
 SHAPES = [(1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512)]
 CONFIGS = [(bn, w, st) for bn, w, st in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))]
@@ -43,8 +44,10 @@ def main():
         partitions = tuple(int(x) for x in a.partitions.split(","))
     modes = tuple(a.modes.split(","))
     shapes = [SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else SHAPES
-    bw = read_bandwidth(dev)
-    print(f"read bw {bw / 1e9:.0f} GB/s (bf16 sum of 4 GiB); Hq/Hkv {hq}/{hkv}, D {d}, block {bs}")
+    bw, how, each = read_ceiling(dev, 4 << 30)
+    print(f"read bw {bw / 1e9:.0f} GB/s ({how}; GB/s of each: "
+          f"{', '.join(f'{k} {v:.0f}' for k, v in each.items())}); Hq/Hkv {hq}/{hkv}, D {d}, "
+          f"block {bs}")
     print("batch ctx mode part cfg eager_us graph_us graph_frac")
     for b, ctx in shapes:
         nblk = b * ctx // bs + 1

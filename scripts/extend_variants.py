@@ -37,6 +37,7 @@ ROWS = [
     ("pipe_fma", "pipe_fma", None),
     ("pipe_fma@128x64x8x3", "pipe_fma", "128,64,8,3"),  # 237 regs, no spill offline
     ("pipe_fma@64x64x4x3", "pipe_fma", "64,64,4,3"),  # one warpgroup, 16 tokens x 4 heads
+    ("pipe_fma@64x128x4x3", "pipe_fma", "64,128,4,3"),  # one warpgroup, 2 CTAs per SM
 ]
 
 

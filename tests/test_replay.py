@@ -108,3 +108,16 @@ def test_bench_run_quick_writes_tables(tmp_path):
         assert wl in replay
     if not torch.cuda.is_available():
         assert "Triton interpreter" in (tmp_path / "ab_decode.md").read_text()
+
+
+def test_read_probe_reads_every_element():
+    """The streaming-read ceiling kernel sums every element once (ragged tail included): a probe
+    that skipped loads would report an inflated ceiling."""
+    import torch
+
+    from bench.read_probe import stream_sum
+    x = torch.arange(5000, dtype=torch.float32) % 7 - 3
+    for blk, it, w in ((256, 4, 4), (1024, 2, 4)):
+        part = stream_sum(x, blk, it, w)
+        assert part.shape[0] == -(-5000 // (blk * it))
+        assert float(part.sum()) == float(x.sum())
