@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 ROWS = [
     ("twostage", "twostage", None),  # the two-stage loop, sm_90 tiles (128, 128, 8, 2)
     ("twostage@128x64x8x3", "twostage", "128,64,8,3"),  # the first default (31 %)
-    ("onepass", "onepass", None),  # the default since 2026-11-30 (36-43 %)
+    ("onepass", "onepass", None),  # the default of session 2 (35-42 %)
     ("onepass@128x128x8x3", "onepass", "128,128,8,3"),
     ("onepass@128x64x8x3", "onepass", "128,64,8,3"),
     ("onepass@128x64x4x3", "onepass", "128,64,4,3"),
@@ -34,7 +34,7 @@ ROWS = [
     ("onepass@256x64x8x2", "onepass", "256,64,8,2"),
     ("pages", "pages", None),
     ("pipe", "pipe", None),  # stages raised to 3 by _extend_variants.tile_config
-    ("pipe_fma", "pipe_fma", None),
+    ("pipe_fma", "pipe_fma", None),  # the default since session 3 (41-54 %)
     ("pipe_fma@128x64x8x3", "pipe_fma", "128,64,8,3"),  # 237 regs, no spill offline
     ("pipe_fma@64x64x4x3", "pipe_fma", "64,64,4,3"),  # one warpgroup, 16 tokens x 4 heads
     ("pipe_fma@64x128x4x3", "pipe_fma", "64,128,4,3"),  # one warpgroup, 2 CTAs per SM
