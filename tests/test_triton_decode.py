@@ -184,21 +184,23 @@ def test_batch_invariance_and_empty_partitions(device, mode_guard):
         assert torch.equal(lse_i[0], lse[i])
 
 
-def test_many_partitions_combine_bitwise_across_launch_shapes(device, mode_guard, monkeypatch):
-    """More partitions than the split combine loads at once (P_BLOCK maxima, UNROLL states):
-    its wide loads fold in the same order as the one-pass combine, so outputs are bitwise equal.
+@pytest.mark.parametrize("part", [16, 4], ids=["tile-sized", "shorter-than-a-tile"])
+def test_many_partitions_combine_bitwise_across_launch_shapes(device, mode_guard, monkeypatch,
+                                                              part):
+    """More partitions than the split combine loads at once (UNROLL states per load, ragged last
+    group): it merges in the same order as the one-pass loop, so outputs are bitwise equal,
+    whatever the group size and warps. Partitions shorter than a KV tile (4 < BLOCK_N) too.
     """
-    monkeypatch.setattr(PD, "COMBINE_P_BLOCK", 8)  # 45 partitions: 6 chunks of maxima
     gen = torch.Generator().manual_seed(17)
-    lens = [720, 33]  # 720 / 16 = 45 partitions; 33: 3
+    lens = [720, 33] if part == 16 else [150, 9]  # 720 / 16 = 45 partitions; 150 / 4 = 38
     b = make_paged_batch(lens, num_kv_heads=1, head_dim=32, block_size=16, layout="bhsd",
                          dtype=torch.float32, device=device, gen=gen)
     q = torch.randn(2, 2, 32, generator=gen).to(device=device)
     outs = {}
     for combine in ("32,4", "8,1", "16,2"):  # split combine: states per load, warps
         monkeypatch.setenv("PAGEDATTN_DECODE_COMBINE", combine)
-        outs[combine] = _decode(b, q, mode="split", partition_size=16, return_lse=True)
-    one, one_lse = _decode(b, q, mode="one_pass", partition_size=16, return_lse=True)
+        outs[combine] = _decode(b, q, mode="split", partition_size=part, return_lse=True)
+    one, one_lse = _decode(b, q, mode="one_pass", partition_size=part, return_lse=True)
     for combine, (out, lse) in outs.items():
         assert torch.equal(out, one) and torch.equal(lse, one_lse), f"combine {combine}"
     _check(b, q, one, one_lse, lens, 1, torch.float32)

@@ -6,25 +6,24 @@ One program per (KV head, sequence[, partition]) computes all G = Hq/Hkv query h
 (times Lq query tokens for speculative decode): R = G*Lq rows padded to BLOCK_M >= 16 for
 ``tl.dot``, so each KV byte is read once (§1.4.4). A sequence is cut into partitions of
 PARTITION_SIZE tokens (512; 256 when G > 15; ``partition_size=`` overrides); each partition runs
-the online softmax over KV tiles of BLOCK_N tokens and yields (m_p, l_p, O_p).
-
-* a sequence with one partition (seq_len <= PARTITION_SIZE, or empty) writes out/lse directly;
-* a longer sequence stores (m_p, l_p, O_p) in a float32 workspace and is merged by
-  :func:`_combine_row`: w_p = l_p * exp2(m_p - M) / sum_p(...) (§1.4.3).
+the online softmax over KV tiles of BLOCK_N tokens and yields (m_p, l_p, acc_p), and the
+partitions are merged in order by :func:`_merge`, an online merge: with M' = max(M, m_p),
+L' = L exp2(M - M') + l_p exp2(m_p - M') and likewise for the output accumulator (§1.4.3).
 
 Two launch shapes evaluate exactly this arithmetic:
 
-* split (v2): grid (Hkv, B, P_max), one program per partition, then a combine launch on
-  (Hkv, B). Used when B * Hkv does not fill the GPU.
-* one-pass (v1): grid (Hkv, B); the program walks its sequence's partitions itself and runs the
-  same combine at the end (workspace reads after a CTA barrier). Used when
-  B * Hkv >= dispatch.core.FILL * SMs.
+* split (v2): grid (Hkv, B, P_max), one program per partition; a sequence with one partition
+  writes out/lse directly, a longer one parks (m_p, l_p, acc_p) in a float32 workspace and a
+  combine launch on (Hkv, B, R) merges them. Used when B * Hkv does not fill the GPU.
+* one-pass (v1): grid (Hkv, B); the program streams its whole sequence through ONE pipelined
+  tile loop and merges each partition's state into registers at the partition's last tile (no
+  workspace, no second launch). Used when B * Hkv >= dispatch.core.FILL * SMs.
 
 NOTE batch invariance: split points depend only on the sequence and the partition size (never
-on the batch), single- vs multi-partition handling is decided per sequence, and both launch
-shapes run the same per-partition and combine code on the same tile shapes. So a sequence's
-output is bitwise identical whatever else is in the batch and whichever launch shape the batch
-size selects.
+on the batch); both launch shapes run the same tile code on the same tiles and the same merge
+(explicit FMAs) in the same partition order, and a partition with no key is an exact no-op of
+the merge. So a sequence's output is bitwise identical whatever else is in the batch and
+whichever launch shape the batch size selects.
 """
 import os
 
@@ -55,36 +54,62 @@ def _tile_block_ids(bt_row_ptr, start, hi, offs_n, BS: tl.constexpr, ONE_BLOCK: 
 
 
 @triton.jit
-def _attend_partition(q, seq_len, lo, part_start, part_end, h, pos, slope2, d, d_mask,
-                      bt_row_ptr, k_ptr, v_ptr, qk_scale, cap, window,
-                      stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
-                      stride_kdh: tl.int64, stride_kdl: tl.int64,
-                      stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
-                      stride_vdh: tl.int64, stride_vdl: tl.int64,
-                      K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr,
-                      V_LO_ONE: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_BLOCK: tl.constexpr,
-                      CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
-                      HAS_ALIBI: tl.constexpr, IEEE: tl.constexpr):
-    """Online softmax of the group rows over keys [max(lo, part_start), min(part_end, seq_len)).
+def _merge(big_m, big_l, big_a, m_p, l_p, acc_p):
+    """Fold one partition's state (m_p, l_p, acc_p) into the running (big_m, big_l, big_a).
 
-    q [BLOCK_M, BLOCK_D]; pos [BLOCK_M] absolute query positions; slope2 [BLOCK_M] ALiBi slopes
-    (log2 domain). Tiles wholly before ``lo`` (sliding window) are skipped, not masked.
-    Returns m [BLOCK_M], l [BLOCK_M] (log2 domain) and acc [BLOCK_M, BLOCK_D] float32.
+    §1.4.3 as an online merge in partition order: with M' = max(M, m_p), a = exp2(M - M') and
+    b = exp2(m_p - M'): L' = L a + l_p b, A' = A a + acc_p b. The FMAs are explicit, so every
+    kernel that merges (the one-pass loop, the split combine) rounds the same way: outputs are
+    bitwise equal across launch shapes. A neutral state (m_p = -inf, l_p = 0, acc_p = 0) is an
+    exact identity (a = 1, b = 0), so partitions with no key may be skipped or merged alike.
+    m_p, l_p: [M]; acc_p [M, D] (unnormalised).
+    """
+    m_new = tl.maximum(big_m, m_p)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # never -inf - -inf
+    a = tl.exp2(big_m - m_safe)
+    b = tl.exp2(m_p - m_safe)
+    big_l = tl.fma(l_p, b, big_l * a)
+    big_a = tl.fma(acc_p, b[:, None], big_a * a[:, None])
+    return m_new, big_l, big_a
+
+
+@triton.jit
+def _attend(q, t_lo, t_hi, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale, cap,
+            window, stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
+            stride_kdh: tl.int64, stride_kdl: tl.int64,
+            stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
+            stride_vdh: tl.int64, stride_vdl: tl.int64,
+            K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr,
+            V_LO_ONE: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, STEP: tl.constexpr,
+            PART: tl.constexpr, ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
+            CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
+            HAS_ALIBI: tl.constexpr, IEEE: tl.constexpr):
+    """Online softmax of the group rows over keys [t_lo, t_hi), one tile of STEP keys at a time.
+
+    t_lo is a multiple of STEP, and STEP divides PART, so no tile straddles a partition. Split
+    launch: [t_lo, t_hi) is one partition; returns its state (m, l, acc). One-pass launch: the
+    whole sequence; at each partition's last tile its state is merged (:func:`_merge`) into the
+    running (M, L, A) and restarted, so the K/V stream never leaves the pipelined loop; returns
+    (M, L, A). q [BLOCK_M, BLOCK_D]; pos [BLOCK_M] absolute query positions; slope2 [BLOCK_M]
+    ALiBi slopes (log2 domain). m, l: [BLOCK_M] (log2 domain); acc [BLOCK_M, BLOCK_D] float32.
     """
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    hi = tl.minimum(part_end, seq_len)
-    first = part_start + (tl.maximum(lo - part_start, 0) // BLOCK_N) * BLOCK_N
+    big_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    big_l = tl.zeros((BLOCK_M,), tl.float32)
+    big_a = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     # NOTE the block ids of tile t+1 are loaded in iteration t: when the K/V addresses of a tile
     # depend on an id loaded in the same iteration, the pipeliner drains every copy at the top
     # of the loop (async_wait num=0 in the sm_90 TTGIR) and each tile pays the full latency.
-    blk_n = _tile_block_ids(bt_row_ptr, first, hi, offs_n, BS, ONE_BLOCK)
-    for start in range(first, hi, BLOCK_N):
+    blk_n = _tile_block_ids(bt_row_ptr, t_lo, t_hi, offs_n, BS, ONE_BLOCK)
+    for start in range(t_lo, t_hi, STEP):
         j = start + offs_n  # [BLOCK_N] key positions
-        j_ok = j < hi
+        j_ok = j < t_hi
+        if STEP < BLOCK_N:  # partitions shorter than a tile: the lanes past STEP are the next's
+            j_ok = j_ok & (offs_n < STEP)
         tok = (j % BS).to(tl.int64)  # [BLOCK_N]
         kv_mask = j_ok[:, None] & d_mask[None, :]  # [BLOCK_N, BLOCK_D]
         k_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_kb, stride_kt,
@@ -100,82 +125,30 @@ def _attend_partition(q, seq_len, lo, part_start, part_end, h, pos, slope2, d, d
             s = s * qk_scale  # qk_scale already holds log2(e)
         if HAS_ALIBI:
             s += alibi_bias(slope2[:, None], j[None, :], pos[:, None])
-        ok = visible(j[None, :], pos[:, None], hi, window, CAUSAL, HAS_WINDOW)
+        ok = visible(j[None, :], pos[:, None], t_hi, window, CAUSAL, HAS_WINDOW)
+        if STEP < BLOCK_N:
+            ok = ok & j_ok[None, :]
         s = tl.where(ok, s, float("-inf"))
         m_i, l_i, alpha, p = online_softmax_step(m_i, l_i, s)
         v_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_vb, stride_vt,
                           stride_vh, stride_vdh, stride_vdl, BLOCK_D, False, V_LO_ONE)
         v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
-        blk_n = _tile_block_ids(bt_row_ptr, start + BLOCK_N, hi, offs_n, BS, ONE_BLOCK)
+        blk_n = _tile_block_ids(bt_row_ptr, start + STEP, t_hi, offs_n, BS, ONE_BLOCK)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _combine_row(ws_ml_ptr, ws_o_ptr, row0, n_parts, d, d_mask, sink2, R: tl.constexpr,
-                 D: tl.constexpr, UNROLL: tl.constexpr, HAS_SINK: tl.constexpr,
-                 P_BLOCK: tl.constexpr):
-    """Merge the n_parts partition states of one row (§1.4.3), in partition order.
-
-    row0: int64 workspace row of (sequence, head, partition 0, this row); partition p is at
-    row0 + p * R. Pass 1 reads P_BLOCK maxima per load; pass 2 loads UNROLL partitions' states
-    at once, then folds them one by one in partition order (extraction by a masked sum is exact).
-    The arithmetic is elementwise and in partition order whatever P_BLOCK and UNROLL are, so it
-    is identical in every launch shape. Returns out [1, BLOCK_D] float32 and lse2 [1].
-
-    NOTE each load is a dependent round trip (~1 us on the H200): the combine of 64 partitions
-    with 8 per load cost ~16 us of a 45 us decode at (1, 32768) (the sweep: 128 partitions added
-    16.5 us), hence wide loads in the split launch's combine kernel.
-    """
-    u_idx = tl.arange(0, UNROLL)
-    p_idx = tl.arange(0, P_BLOCK)
-    big_m = tl.full((1,), float("-inf"), tl.float32)
-    for p0 in range(0, n_parts, P_BLOCK):  # pass 1: the max (exact in any order)
-        pp = p0 + p_idx
-        m_p = tl.load(ws_ml_ptr + 2 * (row0 + pp * R), mask=pp < n_parts, other=float("-inf"),
-                      cache_modifier=".cg")  # [P_BLOCK]
-        big_m = tl.maximum(big_m, tl.max(m_p, axis=0))
-    m_safe = tl.where(big_m == float("-inf"), 0.0, big_m)  # [1]
-    l_sum = tl.zeros((1,), tl.float32)
-    acc = tl.zeros((1, d.shape[0]), tl.float32)
-    for p0 in range(0, n_parts, UNROLL):  # pass 2: weights w_p = l_p * exp2(m_p - M)
-        pp = p0 + u_idx
-        ok = pp < n_parts
-        row = row0 + pp * R  # [UNROLL] int64
-        m_p = tl.load(ws_ml_ptr + 2 * row, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        l_p = tl.load(ws_ml_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg")
-        o_p = tl.load(ws_o_ptr + row[:, None] * D + d[None, :], mask=ok[:, None] & d_mask[None, :],
-                      other=0.0, cache_modifier=".cg")  # [UNROLL, BLOCK_D]
-        w = l_p * tl.exp2(m_p - tl.max(m_safe, axis=0))  # [UNROLL]; 0 for an empty partition
-        for u in tl.static_range(UNROLL):
-            sel = u_idx == u
-            w_u = tl.sum(tl.where(sel, w, 0.0), axis=0)
-            o_u = tl.sum(tl.where(sel[:, None], o_p, 0.0), axis=0)  # [BLOCK_D]
-            l_sum += w_u
-            acc += w_u * o_u[None, :]
-    return finalize_state(big_m, l_sum, acc, sink2, HAS_SINK)
-
-
-@triton.jit
-def _combine_and_store(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, r, h, s, d, d_mask, sinks_ptr,
-                       out_ptr, lse_ptr, v_scale, Hq, LQ, stride_ob: tl.int64,
-                       stride_ot: tl.int64, stride_oh: tl.int64, G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
-                       UNROLL: tl.constexpr, HAS_SINK: tl.constexpr, RETURN_LSE: tl.constexpr,
-                       P_BLOCK: tl.constexpr):
-    """Combine row r of (sequence s, KV head h) and write its output (and lse)."""
-    one = tl.arange(0, 1)
-    qi = one * 0 + r // G
-    qh = one * 0 + h * G + r % G
-    sink2 = tl.zeros((1,), tl.float32)
-    if HAS_SINK:
-        sink2 = tl.load(sinks_ptr + qh) * 1.4426950408889634
-    o, lse2 = _combine_row(ws_ml_ptr, ws_o_ptr, ws_row0 + r, n_parts, d, d_mask, sink2, R, D,
-                           UNROLL, HAS_SINK, P_BLOCK)
-    _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, one == 0, d_mask, v_scale, Hq, LQ,
-                stride_ob, stride_ot, stride_oh, RETURN_LSE)
+        if ONE_PASS:
+            end = start + STEP
+            if ((end % PART) == 0) | (end >= t_hi):  # the partition's last tile
+                big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_i, l_i, acc)
+                m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+                l_i = tl.zeros((BLOCK_M,), tl.float32)
+                acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    if ONE_PASS:
+        return big_m, big_l, big_a
+    else:
+        return m_i, l_i, acc
 
 
 @triton.jit
@@ -203,7 +176,7 @@ def _decode_kernel(
         lse_ptr,  # float32 [B, LQ, Hq]
         ws_ml_ptr,  # float32 [B, Hkv, P, R, 2]: (m_p, l_p) per partition and row
         ws_o_ptr,  # float32 [B, Hkv, P, R, D]: normalised O_p
-        scale, cap, window, Hq, LQ, P, PART,
+        scale, cap, window, Hq, LQ, P,
         stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
         stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
         stride_bt: tl.int64,
@@ -211,13 +184,13 @@ def _decode_kernel(
         stride_kdl: tl.int64,
         stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64, stride_vdh: tl.int64,
         stride_vdl: tl.int64,
-        G: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+        G: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, PART: tl.constexpr,
         K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, CAUSAL: tl.constexpr,
         HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
         HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr,
-        UNROLL: tl.constexpr, IEEE: tl.constexpr):
+        IEEE: tl.constexpr):
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode.
     h = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
@@ -250,38 +223,52 @@ def _decode_kernel(
         sink2 = tl.load(sinks_ptr + qh, mask=row_ok, other=0.0) * 1.4426950408889634
     bt_row_ptr = block_table_ptr + s * stride_bt
     ws_row0 = ((s * tl.num_programs(0) + h) * P) * R  # int64: (s, h, partition 0, row 0)
+    STEP: tl.constexpr = BLOCK_N if BLOCK_N <= PART else PART  # keys per tile
+    first = lo // STEP * STEP  # the first tile holding a visible key
     if ONE_PASS:
-        p_begin = 0
-        p_end = n_parts
+        p = 0
+        t_lo = first
+        t_hi = seq_len
     else:
-        p_begin = tl.program_id(2)
-        p_end = tl.minimum(p_begin + 1, n_parts)
-    for p in range(p_begin, p_end):
-        m, l, acc = _attend_partition(
-            q, seq_len, lo, p * PART, p * PART + PART, h, pos, slope2, d, d_mask, bt_row_ptr,
-            k_ptr, v_ptr, qk_scale, cap, window, stride_kb, stride_kt, stride_kh, stride_kdh,
-            stride_kdl, stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT,
-            K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, ONE_BLOCK, CAUSAL, HAS_WINDOW,
+        p = tl.program_id(2)
+        t_lo = tl.maximum(p * PART, first)
+        t_hi = tl.minimum(p * PART + PART, seq_len)
+    if p < n_parts:  # split: programs past the sequence's last partition have nothing to do
+        m, l, acc = _attend(
+            q, t_lo, t_hi, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale, cap,
+            window, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
+            stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS,
+            BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, CAUSAL, HAS_WINDOW,
             HAS_CAP, HAS_ALIBI, IEEE)
-        if n_parts == 1:  # whole sequence in one partition: finish here
+        if ONE_PASS or n_parts == 1:
+            if not ONE_PASS:  # the state one-pass would hold: one merge into the empty state
+                m, l, acc = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32),
+                                   tl.zeros((BLOCK_M,), tl.float32),
+                                   tl.zeros((BLOCK_M, BLOCK_D), tl.float32), m, l, acc)
             o, lse2 = finalize_state(m, l, acc, sink2, HAS_SINK)
             _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, d_mask, v_scale, Hq,
                         LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
-        else:  # park (m_p, l_p, O_p = acc / l_p) for the combine
+        else:  # park (m_p, l_p, acc_p) for the combine
             row = ws_row0 + p * R + rows
             tl.store(ws_ml_ptr + 2 * row, m, mask=row_ok)
             tl.store(ws_ml_ptr + 2 * row + 1, l, mask=row_ok)
-            o_p = acc * tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)[:, None]
-            tl.store(ws_o_ptr + row[:, None] * D + d[None, :], o_p,
+            tl.store(ws_o_ptr + row[:, None] * D + d[None, :], acc,
                      mask=row_ok[:, None] & d_mask[None, :])
-    if ONE_PASS:
-        if n_parts > 1:
-            tl.debug_barrier()  # this CTA's workspace stores are visible to all its threads
-            for r in range(0, R):
-                _combine_and_store(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, r, h, s, d, d_mask,
-                                   sinks_ptr, out_ptr, lse_ptr, v_scale, Hq, LQ, stride_ob,
-                                   stride_ot, stride_oh, G, R, D, UNROLL, HAS_SINK, RETURN_LSE,
-                                   UNROLL)
+
+
+@triton.jit
+def _load_states(ws_ml_ptr, ws_o_ptr, row0, p0, n_parts, u_idx, d, d_mask, R: tl.constexpr,
+                 D: tl.constexpr):
+    """Partition states p0 .. p0 + UNROLL - 1 of one row: m, l [UNROLL], acc [UNROLL, BLOCK_D].
+    Partitions >= n_parts read as the neutral state (-inf, 0, 0)."""
+    pp = p0 + u_idx
+    ok = pp < n_parts
+    row = row0 + pp * R  # [UNROLL] int64
+    m_g = tl.load(ws_ml_ptr + 2 * row, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    l_g = tl.load(ws_ml_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg")
+    a_g = tl.load(ws_o_ptr + row[:, None] * D + d[None, :], mask=ok[:, None] & d_mask[None, :],
+                  other=0.0, cache_modifier=".cg")
+    return m_g, l_g, a_g
 
 
 @triton.jit
@@ -293,10 +280,15 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
                     G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
                     BLOCK_D: tl.constexpr, UNROLL: tl.constexpr, HAS_SINK: tl.constexpr,
-                    HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr,
-                    P_BLOCK: tl.constexpr):
-    # grid: (Hkv, B, R): one program per output row, so the partition loop of one row is the
-    # only serial work; sequences with a single partition were finished by _decode_kernel.
+                    HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr):
+    """Merge the partition states of one output row in partition order (:func:`_merge`, the
+    one-pass loop's arithmetic) and write out/lse.
+
+    grid: (Hkv, B, R); sequences with a single partition were finished by _decode_kernel.
+    UNROLL states per load; the next group is loaded before the current one is folded, so the
+    loads overlap the merge chain. Rows are pulled out of the [UNROLL, BLOCK_D] group by masked
+    sums (adding zeros: exact).
+    """
     h = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
     r = tl.program_id(2)
@@ -308,10 +300,32 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         v_scale = 1.0
         if HAS_KV_SCALE:
             v_scale = tl.load(v_scale_ptr + h)
-        ws_row0 = ((s * tl.num_programs(0) + h) * P) * R
-        _combine_and_store(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts, r, h, s, d, d_mask, sinks_ptr,
-                           out_ptr, lse_ptr, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh,
-                           G, R, D, UNROLL, HAS_SINK, RETURN_LSE, P_BLOCK)
+        row0 = ((s * tl.num_programs(0) + h) * P) * R + r
+        u_idx = tl.arange(0, UNROLL)
+        big_m = tl.full((1,), float("-inf"), tl.float32)
+        big_l = tl.zeros((1,), tl.float32)
+        big_a = tl.zeros((1, BLOCK_D), tl.float32)
+        nm, nl, na = _load_states(ws_ml_ptr, ws_o_ptr, row0, 0, n_parts, u_idx, d, d_mask, R, D)
+        for p0 in range(0, n_parts, UNROLL):
+            m_g, l_g, a_g = nm, nl, na
+            nm, nl, na = _load_states(ws_ml_ptr, ws_o_ptr, row0, p0 + UNROLL, n_parts, u_idx, d,
+                                      d_mask, R, D)
+            for u in tl.static_range(UNROLL):  # padding past n_parts is neutral: exact no-op
+                sel = u_idx == u
+                m_u = tl.max(tl.where(sel, m_g, float("-inf")), axis=0)
+                l_u = tl.sum(tl.where(sel, l_g, 0.0), axis=0)
+                a_u = tl.sum(tl.where(sel[:, None], a_g, 0.0), axis=0)  # [BLOCK_D]
+                big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_u + tl.zeros((1,), tl.float32),
+                                             l_u + tl.zeros((1,), tl.float32), a_u[None, :])
+        one = tl.arange(0, 1)
+        qi = one * 0 + r // G
+        qh = one * 0 + h * G + r % G
+        sink2 = tl.zeros((1,), tl.float32)
+        if HAS_SINK:
+            sink2 = tl.load(sinks_ptr + qh) * 1.4426950408889634
+        o, lse2 = finalize_state(big_m, big_l, big_a, sink2, HAS_SINK)
+        _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, one == 0, d_mask, v_scale, Hq, LQ,
+                    stride_ob, stride_ot, stride_oh, RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -330,13 +344,11 @@ _CONFIGS = {
 }
 _TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
 MAX_ROWS = 256  # G * Lq rows per program
-COMBINE_UNROLL = 8  # partition states per load in the one-pass program's combine
-# The split launch's combine kernel: 32 partition states per load with 4 warps (8 for D > 128),
-# and all maxima (up to 128 partitions) in one load: 3 dependent round trips for 64 partitions
-# instead of 16. Same arithmetic in the same order as the one-pass combine (bitwise equal).
-# PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS" overrides (A/B runs; 8,1 was the first version).
-SPLIT_COMBINE = (32, 4)
-COMBINE_P_BLOCK = 128
+# The split launch's combine kernel: (states per load, warps). One warp keeps a group's rows in
+# each thread's registers, so pulling a row out of the group costs no shuffles (the H200 sweep of
+# session 3: 32 states with 4 warps cost 1.5x more than 8 with 1, for cross-warp reductions).
+# PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS" overrides (A/B runs); outputs are the same bits.
+SPLIT_COMBINE = (8, 1)
 
 
 def _combine_config(block_d):
@@ -454,7 +466,7 @@ def run(call):
         BLOCK_N=block_n, ONE_BLOCK=one_block, ONE_PASS=mode == "one_pass", CAUSAL=lq > 1,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
-        BLOCK_M=block_m, UNROLL=COMBINE_UNROLL, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=block_m, num_warps=num_warps, num_stages=num_stages,
         **common)
     if mode == "split" and n_part_max > 1:
         c_unroll, c_warps = _combine_config(block_d)
@@ -464,5 +476,5 @@ def run(call):
             sinks_ptr=o.sinks if o.sinks is not None else dummy, out_ptr=out4, lse_ptr=lse,
             ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, Hq=hq, LQ=lq, P=n_part_max, PART=part,
             stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
-            UNROLL=c_unroll, P_BLOCK=COMBINE_P_BLOCK, num_warps=c_warps, **common)
+            UNROLL=c_unroll, num_warps=c_warps, **common)
     return lse.view(q.shape[:-1]) if call.return_lse else None
