@@ -64,11 +64,13 @@ PREFERENCE_SOURCE = "bench/results/ab_{decode,extend}.csv"
 # needed to fill the device. PAGEDATTN_PARTITION_SIZE / partition_size= override.
 PARTITION_SIZE, PARTITION_SIZE_BIG_GROUP, BIG_GROUP = 512, 256, 15
 # Decode runs one pass when num_seqs * num_kv_heads >= FILL * CUs: the KV-head grid alone then
-# makes many waves (DESIGN.md: "v1 vs v2 chosen by whether num_seqs * num_kv_heads fills the
-# device"). Measured on the H200 (decode_sweep16.log, 2026-11-30): at 2048 programs (15.5 per
-# SM) split-KV was still 1.33x faster, so "fills" means 32 programs per SM. The Triton launcher
+# keeps enough K/V tiles in flight (DESIGN.md: "v1 vs v2 chosen by whether num_seqs *
+# num_kv_heads fills the device"). Measured on the H200 (bench/results/2026-11-30-h200-s3/
+# decode_sweep16_onepass.log) once the one-pass program streamed its whole sequence through one
+# pipelined loop: one pass beat split-KV at 3.9 programs per SM (64 x 8: 247 vs 260 us) and
+# above, and lost badly at 0.5 per SM (8 x 8: 251 vs 84 us). The Triton launcher
 # (triton_kernels.decode._mode) reads this constant.
-FILL = 32
+FILL = 3
 # HIP decode template instantiations (hip_kernels/csrc/attn_inst.cuh PK_REUSEKV_SWITCH): the
 # smallest REUSE >= group; groups above 64 take ceil(group / 64) blocks per KV head.
 REUSE_KV_TIMES = (1, 2, 4, 8, 16, 32, 48, 64)

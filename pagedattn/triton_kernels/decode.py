@@ -43,8 +43,9 @@ FORCE_MODE = None  # tests/bench: "one_pass" | "split" | None (rule); env PAGEDA
 @triton.jit
 def _tile_block_ids(bt_row_ptr, start, hi, offs_n, BS: tl.constexpr, ONE_BLOCK: tl.constexpr):
     """int64 block ids of the KV tile starting at ``start``: a scalar when the tile lies inside
-    one block, else [BLOCK_N, 1]. Masked to keys < hi: never reads past ceil(seq_len / BS)
-    table entries (the table's slack may hold anything)."""
+    one block, else [BLOCK_N, 1]. Masked to keys < hi (seq_len, or the table's width for the
+    first tile): never reads past the table row. Ids read from the slack past seq_len may hold
+    anything; they only address K/V lanes that are masked off."""
     if ONE_BLOCK:
         blk = tl.load(bt_row_ptr + start // BS, mask=start < hi, other=0).to(tl.int64)
     else:
@@ -74,7 +75,7 @@ def _merge(big_m, big_l, big_a, m_p, l_p, acc_p):
 
 
 @triton.jit
-def _attend(q, t_lo, t_hi, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale, cap,
+def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale, cap,
             window, stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
             stride_kdh: tl.int64, stride_kdl: tl.int64,
             stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
@@ -91,7 +92,8 @@ def _attend(q, t_lo, t_hi, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, 
     launch: [t_lo, t_hi) is one partition; returns its state (m, l, acc). One-pass launch: the
     whole sequence; at each partition's last tile its state is merged (:func:`_merge`) into the
     running (M, L, A) and restarted, so the K/V stream never leaves the pipelined loop; returns
-    (M, L, A). q [BLOCK_M, BLOCK_D]; pos [BLOCK_M] absolute query positions; slope2 [BLOCK_M]
+    (M, L, A). blk_n: the block ids of the first tile (:func:`_tile_block_ids`, loaded by the
+    caller). q [BLOCK_M, BLOCK_D]; pos [BLOCK_M] absolute query positions; slope2 [BLOCK_M]
     ALiBi slopes (log2 domain). m, l: [BLOCK_M] (log2 domain); acc [BLOCK_M, BLOCK_D] float32.
     """
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -104,7 +106,6 @@ def _attend(q, t_lo, t_hi, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, 
     # NOTE the block ids of tile t+1 are loaded in iteration t: when the K/V addresses of a tile
     # depend on an id loaded in the same iteration, the pipeliner drains every copy at the top
     # of the loop (async_wait num=0 in the sm_90 TTGIR) and each tile pays the full latency.
-    blk_n = _tile_block_ids(bt_row_ptr, t_lo, t_hi, offs_n, BS, ONE_BLOCK)
     for start in range(t_lo, t_hi, STEP):
         j = start + offs_n  # [BLOCK_N] key positions
         j_ok = j < t_hi
@@ -176,7 +177,7 @@ def _decode_kernel(
         lse_ptr,  # float32 [B, LQ, Hq]
         ws_ml_ptr,  # float32 [B, Hkv, P, R, 2]: (m_p, l_p) per partition and row
         ws_o_ptr,  # float32 [B, Hkv, P, R, D]: normalised O_p
-        scale, cap, window, Hq, LQ, P,
+        scale, cap, window, Hq, LQ, P, BT_W,
         stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
         stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
         stride_bt: tl.int64,
@@ -233,9 +234,12 @@ def _decode_kernel(
         p = tl.program_id(2)
         t_lo = tl.maximum(p * PART, first)
         t_hi = tl.minimum(p * PART + PART, seq_len)
+    # the first tile's block ids, masked by the table's width only: this load does not wait for
+    # seq_len (K/V lanes past seq_len are masked off by _attend), one round trip less per program
+    blk0 = _tile_block_ids(bt_row_ptr, t_lo, BT_W * BS, tl.arange(0, BLOCK_N), BS, ONE_BLOCK)
     if p < n_parts:  # split: programs past the sequence's last partition have nothing to do
         m, l, acc = _attend(
-            q, t_lo, t_hi, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale, cap,
+            q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale, cap,
             window, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
             stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS,
             BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, CAUSAL, HAS_WINDOW,
@@ -454,8 +458,8 @@ def run(call):
         sinks_ptr=o.sinks if o.sinks is not None else dummy,
         out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o,
         scale=float(o.scale), cap=float(o.logit_cap or 1.0),
-        window=int(o.sliding_window or 0), Hq=hq, LQ=lq, P=n_part_max, PART=part,
-        stride_qb=q4.stride(0), stride_qt=q4.stride(1), stride_qh=q4.stride(2),
+        window=int(o.sliding_window or 0), Hq=hq, LQ=lq, P=n_part_max,
+        BT_W=call.block_table.shape[1], PART=part, stride_qb=q4.stride(0), stride_qt=q4.stride(1), stride_qh=q4.stride(2),
         stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
         stride_bt=call.block_table.stride(0),
         stride_kb=ks.block, stride_kt=ks.token, stride_kh=ks.head, stride_kdh=ks.dim_hi,
