@@ -34,6 +34,7 @@ if has tune; then
 fi
 if has diag; then
   timeout ${DIAG_TIMEOUT:-120} python3 scripts/hip_hostcheck_diag.py 2>&1 | tee "$OUT_DIR/hip_hostcheck_diag.log"
+  timeout ${PROFILE_TIMEOUT:-120} python3 scripts/decode_profile.py ${PROFILE_ARGS:-} 2>&1 | tee "$OUT_DIR/decode_profile.log"
   timeout 45 python3 scripts/launch_profile.py 2>&1 | tee "$OUT_DIR/launch_profile.log" | head -12
 fi
 if has tests; then
