@@ -261,6 +261,11 @@ def _decode_kernel(
 
 
 @triton.jit
+def _max2(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
 def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     v_scale_ptr, sinks_ptr,  # float32 [Hkv], [Hq] or dummies
                     out_ptr, lse_ptr,  # [B, LQ, Hq, D], float32 [B, LQ, Hq]
@@ -274,10 +279,12 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     one-pass loop's arithmetic) and write out/lse.
 
     grid: (Hkv, B, R); sequences with a single partition were finished by _decode_kernel.
-    The partition loop is unrolled UNROLL times: the loads of a group do not depend on its
-    merges, so they are issued together. (m_p, l_p) are scalar loads and acc_p a [BLOCK_D] row:
-    the merge chain never waits on a cross-lane reduction (the H200 profile of session 3: pulling
-    rows out of [UNROLL, BLOCK_D] groups by masked reductions cost 6-9 us for 64 partitions).
+    UNROLL partitions per group: their (m_p, l_p) in one load, the group's running maxima by a
+    cumulative max and every exp2 of the merges at once; only L' = L a + l b and A' = A a + acc b
+    stay a chain (two FMA-deep per partition). The H200 profile of session 3 put 6-9 us of a
+    (1, 32768) decode in this kernel when each merge waited on its own reductions and exp2s.
+    Same values as :func:`_merge` step by step: max is exact in any order, the exp2 arguments
+    are the same numbers, the FMAs are explicit.
     """
     h = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
@@ -294,19 +301,36 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         big_m = tl.full((1,), float("-inf"), tl.float32)
         big_l = tl.zeros((1,), tl.float32)
         big_a = tl.zeros((1, BLOCK_D), tl.float32)
+        u_idx = tl.arange(0, UNROLL)
         one = tl.arange(0, 1)
         for p0 in range(0, n_parts, UNROLL):
-            for u in tl.static_range(UNROLL):  # padding past n_parts is neutral: exact no-op
-                pp = p0 + u + one  # [1]
-                ok = pp < n_parts
-                row = row0 + pp * R  # [1] int64
-                m_u = tl.load(ws_ml_ptr + 2 * row, mask=ok, other=float("-inf"),
-                              cache_modifier=".cg")  # [1]: no cross-lane extraction
-                l_u = tl.load(ws_ml_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg")
-                a_u = tl.load(ws_o_ptr + row[:, None] * D + d[None, :],
-                              mask=ok[:, None] & d_mask[None, :], other=0.0,
-                              cache_modifier=".cg")  # [1, BLOCK_D]
-                big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_u, l_u, a_u)
+            # the scalars of _merge for the whole group at once: running maxima by a cumulative
+            # max (exact), then a_u = exp2(M_before - M_after), b_u = exp2(m_u - M_after)
+            pp = p0 + u_idx
+            ok = pp < n_parts
+            row = row0 + pp * R  # [UNROLL] int64
+            m_g = tl.load(ws_ml_ptr + 2 * row, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            l_g = tl.load(ws_ml_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg")
+            m_sh = tl.load(ws_ml_ptr + 2 * (row - R), mask=(u_idx > 0) & (pp - 1 < n_parts),
+                           other=float("-inf"), cache_modifier=".cg")  # m_{u-1}
+            m_after = tl.maximum(tl.associative_scan(m_g, 0, _max2), big_m)
+            m_before = tl.maximum(tl.associative_scan(m_sh, 0, _max2), big_m)
+            m_safe = tl.where(m_after == float("-inf"), 0.0, m_after)
+            a_g = tl.exp2(m_before - m_safe)
+            b_g = tl.exp2(m_g - m_safe)
+            for u in tl.static_range(UNROLL):  # the L / A chain, in partition order
+                sel = u_idx == u  # pulling one lane out by a sum with zeros is exact
+                a_u = tl.sum(tl.where(sel, a_g, 0.0), axis=0, keep_dims=True)  # [1]
+                b_u = tl.sum(tl.where(sel, b_g, 0.0), axis=0, keep_dims=True)
+                l_u = tl.sum(tl.where(sel, l_g, 0.0), axis=0, keep_dims=True)
+                ok_u = (p0 + u + one) < n_parts  # [1]; padding is neutral (b_u = 0, a_u = 1)
+                row_u = row0 + (p0 + u + one) * R
+                acc_u = tl.load(ws_o_ptr + row_u[:, None] * D + d[None, :],
+                                mask=ok_u[:, None] & d_mask[None, :], other=0.0,
+                                cache_modifier=".cg")  # [1, BLOCK_D]
+                big_l = tl.fma(l_u, b_u, big_l * a_u)
+                big_a = tl.fma(acc_u, b_u[:, None], big_a * a_u[:, None])
+            big_m = tl.maximum(big_m, tl.max(m_g, axis=0, keep_dims=True))
         one = tl.arange(0, 1)
         qi = one * 0 + r // G
         qh = one * 0 + h * G + r % G
