@@ -279,9 +279,11 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     one-pass loop's arithmetic) and write out/lse.
 
     grid: (Hkv, B, R); sequences with a single partition were finished by _decode_kernel.
-    UNROLL partitions per group: their (m_p, l_p) in one load, the group's running maxima by a
-    cumulative max and every exp2 of the merges at once; only L' = L a + l b and A' = A a + acc b
-    stay a chain (two FMA-deep per partition). The H200 profile of session 3 put 6-9 us of a
+    UNROLL partitions per group: their states in one load (with one warp a thread holds all
+    UNROLL rows of its columns, so pulling a row out takes no shuffles), the group's running
+    maxima by a cumulative max and every exp2 of the merges at once; only L' = L a + l b and
+    A' = A a + acc b stay a chain (two FMA-deep per partition). Loads issued one per partition
+    were not overlapped by the compiler (~200 cycles each, one L2 round trip). The H200 profile of session 3 put 6-9 us of a
     (1, 32768) decode in this kernel when each merge waited on its own reductions and exp2s.
     Same values as :func:`_merge` step by step: max is exact in any order, the exp2 arguments
     are the same numbers, the FMAs are explicit.
@@ -302,7 +304,6 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         big_l = tl.zeros((1,), tl.float32)
         big_a = tl.zeros((1, BLOCK_D), tl.float32)
         u_idx = tl.arange(0, UNROLL)
-        one = tl.arange(0, 1)
         for p0 in range(0, n_parts, UNROLL):
             # the scalars of _merge for the whole group at once: running maxima by a cumulative
             # max (exact), then a_u = exp2(M_before - M_after), b_u = exp2(m_u - M_after)
@@ -318,18 +319,17 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
             m_safe = tl.where(m_after == float("-inf"), 0.0, m_after)
             a_g = tl.exp2(m_before - m_safe)
             b_g = tl.exp2(m_g - m_safe)
+            acc_g = tl.load(ws_o_ptr + row[:, None] * D + d[None, :],
+                            mask=ok[:, None] & d_mask[None, :], other=0.0,
+                            cache_modifier=".cg")  # [UNROLL, BLOCK_D]: one round trip a group
             for u in tl.static_range(UNROLL):  # the L / A chain, in partition order
-                sel = u_idx == u  # pulling one lane out by a sum with zeros is exact
+                sel = u_idx == u  # pulling one row out by a sum with zeros is exact
                 a_u = tl.sum(tl.where(sel, a_g, 0.0), axis=0, keep_dims=True)  # [1]
                 b_u = tl.sum(tl.where(sel, b_g, 0.0), axis=0, keep_dims=True)
                 l_u = tl.sum(tl.where(sel, l_g, 0.0), axis=0, keep_dims=True)
-                ok_u = (p0 + u + one) < n_parts  # [1]; padding is neutral (b_u = 0, a_u = 1)
-                row_u = row0 + (p0 + u + one) * R
-                acc_u = tl.load(ws_o_ptr + row_u[:, None] * D + d[None, :],
-                                mask=ok_u[:, None] & d_mask[None, :], other=0.0,
-                                cache_modifier=".cg")  # [1, BLOCK_D]
+                acc_u = tl.sum(tl.where(sel[:, None], acc_g, 0.0), axis=0, keep_dims=True)
                 big_l = tl.fma(l_u, b_u, big_l * a_u)
-                big_a = tl.fma(acc_u, b_u[:, None], big_a * a_u[:, None])
+                big_a = tl.fma(acc_u, b_u[:, None], big_a * a_u[:, None])  # [1, BLOCK_D]
             big_m = tl.maximum(big_m, tl.max(m_g, axis=0, keep_dims=True))
         one = tl.arange(0, 1)
         qi = one * 0 + r // G
