@@ -197,7 +197,7 @@ def test_many_partitions_combine_bitwise_across_launch_shapes(device, mode_guard
                          dtype=torch.float32, device=device, gen=gen)
     q = torch.randn(2, 2, 32, generator=gen).to(device=device)
     outs = {}
-    for combine in ("32,4", "8,1", "16,2"):  # split combine: states per load, warps
+    for combine in ("32,4,1", "8,1,4", "16,2,2", "4,1,8"):  # states per load, warps, column blocks
         monkeypatch.setenv("PAGEDATTN_DECODE_COMBINE", combine)
         outs[combine] = _decode(b, q, mode="split", partition_size=part, return_lse=True)
     one, one_lse = _decode(b, q, mode="one_pass", partition_size=part, return_lse=True)

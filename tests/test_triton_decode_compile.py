@@ -55,8 +55,8 @@ for one_pass in (False, True):
         HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False, IEEE=False), ("scale", "cap"))
     waits = [int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", k.asm["ttgir"])]
     assert waits and max(waits) >= 1, f"K/V copies never overlap across tiles: waits {waits}"
-unroll, warps = D.SPLIT_COMBINE
-compile_one(_combine_kernel, dict(common, UNROLL=unroll), (), num_warps=warps)
+unroll, warps, dsplit = D.SPLIT_COMBINE
+compile_one(_combine_kernel, dict(common, UNROLL=unroll, DSPLIT=dsplit), (), num_warps=warps)
 print("DECODE_COMPILES_OK")
 """
 

@@ -153,8 +153,8 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
 
 
 @triton.jit
-def _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, d_mask, v_scale, Hq, LQ,
-                stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
+def _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, lse_ok, d_mask, v_scale, Hq,
+                LQ, stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
                 RETURN_LSE: tl.constexpr):
     """out[s, qi, qh, :] = o * v_scale; lse[s, qi, qh] = natural log (contiguous [B, LQ, Hq])."""
     o_off = s * stride_ob + qi[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :]
@@ -162,7 +162,7 @@ def _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, d_mask, v_scale
              mask=row_ok[:, None] & d_mask[None, :])
     if RETURN_LSE:
         l_off = (s * LQ + qi) * Hq + qh
-        tl.store(lse_ptr + l_off, lse2 * 0.6931471805599453, mask=row_ok)
+        tl.store(lse_ptr + l_off, lse2 * 0.6931471805599453, mask=lse_ok)
 
 
 @triton.jit
@@ -250,8 +250,8 @@ def _decode_kernel(
                                    tl.zeros((BLOCK_M,), tl.float32),
                                    tl.zeros((BLOCK_M, BLOCK_D), tl.float32), m, l, acc)
             o, lse2 = finalize_state(m, l, acc, sink2, HAS_SINK)
-            _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, d_mask, v_scale, Hq,
-                        LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
+            _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok, d_mask, v_scale,
+                        Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
         else:  # park (m_p, l_p, acc_p) for the combine
             row = ws_row0 + p * R + rows
             tl.store(ws_ml_ptr + 2 * row, m, mask=row_ok)
@@ -273,12 +273,15 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     Hq, LQ, P, PART,
                     stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
                     G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
-                    BLOCK_D: tl.constexpr, UNROLL: tl.constexpr, HAS_SINK: tl.constexpr,
-                    HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr):
+                    BLOCK_D: tl.constexpr, UNROLL: tl.constexpr, DSPLIT: tl.constexpr,
+                    HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
+                    RETURN_LSE: tl.constexpr):
     """Merge the partition states of one output row in partition order (:func:`_merge`, the
     one-pass loop's arithmetic) and write out/lse.
 
-    grid: (Hkv, B, R); sequences with a single partition were finished by _decode_kernel.
+    grid: (Hkv, B, R * DSPLIT): program (r, dc) merges columns [dc, dc + 1) * BLOCK_D / DSPLIT
+    of row r (the merge is elementwise in d; every program recomputes the row's scalars, the
+    same numbers); sequences with a single partition were finished by _decode_kernel.
     UNROLL partitions per group: their states in one load (with one warp a thread holds all
     UNROLL rows of its columns, so pulling a row out takes no shuffles), the group's running
     maxima by a cumulative max and every exp2 of the merges at once; only L' = L a + l b and
@@ -290,11 +293,13 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     """
     h = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
-    r = tl.program_id(2)
+    r = tl.program_id(2) // DSPLIT
+    dc = tl.program_id(2) % DSPLIT
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
     if n_parts > 1:
-        d = tl.arange(0, BLOCK_D)
+        BLOCK_DC: tl.constexpr = BLOCK_D // DSPLIT
+        d = dc * BLOCK_DC + tl.arange(0, BLOCK_DC)
         d_mask = d < D
         v_scale = 1.0
         if HAS_KV_SCALE:
@@ -302,7 +307,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         row0 = ((s * tl.num_programs(0) + h) * P) * R + r
         big_m = tl.full((1,), float("-inf"), tl.float32)
         big_l = tl.zeros((1,), tl.float32)
-        big_a = tl.zeros((1, BLOCK_D), tl.float32)
+        big_a = tl.zeros((1, BLOCK_DC), tl.float32)
         u_idx = tl.arange(0, UNROLL)
         for p0 in range(0, n_parts, UNROLL):
             # the scalars of _merge for the whole group at once: running maxima by a cumulative
@@ -321,7 +326,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
             b_g = tl.exp2(m_g - m_safe)
             acc_g = tl.load(ws_o_ptr + row[:, None] * D + d[None, :],
                             mask=ok[:, None] & d_mask[None, :], other=0.0,
-                            cache_modifier=".cg")  # [UNROLL, BLOCK_D]: one round trip a group
+                            cache_modifier=".cg")  # [UNROLL, BLOCK_DC]: one round trip a group
             for u in tl.static_range(UNROLL):  # the L / A chain, in partition order
                 sel = u_idx == u  # pulling one row out by a sum with zeros is exact
                 a_u = tl.sum(tl.where(sel, a_g, 0.0), axis=0, keep_dims=True)  # [1]
@@ -329,7 +334,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
                 l_u = tl.sum(tl.where(sel, l_g, 0.0), axis=0, keep_dims=True)
                 acc_u = tl.sum(tl.where(sel[:, None], acc_g, 0.0), axis=0, keep_dims=True)
                 big_l = tl.fma(l_u, b_u, big_l * a_u)
-                big_a = tl.fma(acc_u, b_u[:, None], big_a * a_u[:, None])  # [1, BLOCK_D]
+                big_a = tl.fma(acc_u, b_u[:, None], big_a * a_u[:, None])  # [1, BLOCK_DC]
             big_m = tl.maximum(big_m, tl.max(m_g, axis=0, keep_dims=True))
         one = tl.arange(0, 1)
         qi = one * 0 + r // G
@@ -338,8 +343,8 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         if HAS_SINK:
             sink2 = tl.load(sinks_ptr + qh) * 1.4426950408889634
         o, lse2 = finalize_state(big_m, big_l, big_a, sink2, HAS_SINK)
-        _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, one == 0, d_mask, v_scale, Hq, LQ,
-                    stride_ob, stride_ot, stride_oh, RETURN_LSE)
+        _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, one == 0, (one == 0) & (dc == 0),
+                    d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -358,19 +363,19 @@ _CONFIGS = {
 }
 _TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
 MAX_ROWS = 256  # G * Lq rows per program
-# The split launch's combine kernel: (states per load, warps). One warp keeps a group's rows in
-# each thread's registers, so pulling a row out of the group costs no shuffles (the H200 sweep of
-# session 3: 32 states with 4 warps cost 1.5x more than 8 with 1, for cross-warp reductions).
-# PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS" overrides (A/B runs); outputs are the same bits.
-SPLIT_COMBINE = (8, 1)
+# The split launch's combine kernel: (states per load, warps, column blocks per row). One warp
+# keeps a group's rows in each thread's registers (pulling a row out costs no shuffles); the row's
+# columns are split over DSPLIT programs: the kernel is instruction-bound in one warp (H200
+# profile of session 3: 7-8 us for 64 partitions of one row with all 128 columns per program).
+# PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT]" overrides (A/B runs); outputs are the same bits.
+SPLIT_COMBINE = (8, 1, 4)
 
 
 def _combine_config(block_d):
     env = os.environ.get("PAGEDATTN_DECODE_COMBINE")
-    if env:
-        return tuple(int(x) for x in env.split(","))
-    unroll, warps = SPLIT_COMBINE
-    return unroll, warps if block_d <= 128 else 2 * warps
+    cfg = tuple(int(x) for x in env.split(",")) if env else SPLIT_COMBINE
+    unroll, warps, dsplit = (cfg + (1,))[:3]
+    return unroll, warps, max(1, min(dsplit, block_d // 16))
 
 
 def _next_pow2(n):
@@ -483,12 +488,12 @@ def run(call):
         BLOCK_M=block_m, num_warps=num_warps, num_stages=num_stages,
         **common)
     if mode == "split" and n_part_max > 1:
-        c_unroll, c_warps = _combine_config(block_d)
-        # grid: (KV head, sequence, row); programs of single-partition sequences exit at once
-        _combine_kernel[(hkv, nb, rows)](
+        c_unroll, c_warps, c_dsplit = _combine_config(block_d)
+        # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
+        _combine_kernel[(hkv, nb, rows * c_dsplit)](
             seq_lens_ptr=call.seq_lens, v_scale_ptr=o.v_scale if has_kv_scale else dummy,
             sinks_ptr=o.sinks if o.sinks is not None else dummy, out_ptr=out4, lse_ptr=lse,
             ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, Hq=hq, LQ=lq, P=n_part_max, PART=part,
             stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
-            UNROLL=c_unroll, num_warps=c_warps, **common)
+            UNROLL=c_unroll, DSPLIT=c_dsplit, num_warps=c_warps, **common)
     return lse.view(q.shape[:-1]) if call.return_lse else None
