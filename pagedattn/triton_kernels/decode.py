@@ -343,7 +343,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         if HAS_SINK:
             sink2 = tl.load(sinks_ptr + qh) * 1.4426950408889634
         o, lse2 = finalize_state(big_m, big_l, big_a, sink2, HAS_SINK)
-        _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, one == 0, (one == 0) & (dc == 0),
+        _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, one == 0, (one + dc) == 0,
                     d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
 
 
