@@ -26,7 +26,7 @@ INT_PTRS = ("block_table_ptr", "seq_lens_ptr")
 DATA_PTRS = ("q_ptr", "k_ptr", "v_ptr", "out_ptr")
 
 
-def compile_one(fn, cst, floats, num_warps=4):
+def compile_one(fn, cst, floats, num_warps=4, num_stages=3):
     names = fn.arg_names
 
     def ty(n):
@@ -42,17 +42,19 @@ def compile_one(fn, cst, floats, num_warps=4):
     src = ASTSource(fn, {n: ty(n) for n in names},
                     constexprs={(names.index(k),): v for k, v in cst.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps, num_stages=3))
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
 bs = int(sys.argv[1])
 common = dict(G=4, R=4, D=128, BLOCK_D=128, HAS_SINK=False, HAS_KV_SCALE=False,
               RETURN_LSE=True)
+bn, warps, stages = D._CONFIGS["nvidia"][(128, 16)]  # the launcher's tiles for 32/8, D 128
 for one_pass in (False, True):
     k = compile_one(_decode_kernel, dict(
         common, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, BLOCK_M=16,
-        BLOCK_N=32, PART=512, ONE_BLOCK=bs % 32 == 0, ONE_PASS=one_pass, CAUSAL=False,
-        HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False, IEEE=False), ("scale", "cap"))
+        BLOCK_N=bn, PART=512, ONE_BLOCK=bs % bn == 0, ONE_PASS=one_pass, CAUSAL=False,
+        HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False, IEEE=False), ("scale", "cap"),
+        num_warps=warps, num_stages=stages)
     waits = [int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", k.asm["ttgir"])]
     assert waits and max(waits) >= 1, f"K/V copies never overlap across tiles: waits {waits}"
 unroll, warps, dsplit = D.SPLIT_COMBINE
