@@ -366,11 +366,12 @@ _CONFIGS = {
 _TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
 MAX_ROWS = 256  # G * Lq rows per program
 # The split launch's combine kernel: (states per load, warps, column blocks per row). One warp
-# keeps a group's rows in each thread's registers (pulling a row out costs no shuffles); the row's
-# columns are split over DSPLIT programs: the kernel is instruction-bound in one warp (H200
-# profile of session 3: 7-8 us for 64 partitions of one row with all 128 columns per program).
-# PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT]" overrides (A/B runs); outputs are the same bits.
-SPLIT_COMBINE = (8, 1, 4)
+# keeps a group's rows in each thread's registers (pulling a row out costs no shuffles). H200
+# profile of session 3 (decode_config_sweep.log): ~2.3 us + ~0.09 us per partition whatever the
+# group size (4-16), column split (1-8) or merge formulation; 32 states with 4 warps was 1.5x
+# slower (cross-warp reductions). PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT]" overrides
+# (A/B runs); outputs are the same bits.
+SPLIT_COMBINE = (8, 1, 1)
 
 
 def _combine_config(block_d):
