@@ -116,7 +116,8 @@ def test_read_probe_reads_every_element():
     import torch
 
     from bench.read_probe import stream_sum
-    x = torch.arange(5000, dtype=torch.float32) % 7 - 3
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs it under the interpreter
+    x = (torch.arange(5000, dtype=torch.float32) % 7 - 3).to(dev)
     for blk, it, w in ((256, 4, 4), (1024, 2, 4)):
         part = stream_sum(x, blk, it, w)
         assert part.shape[0] == -(-5000 // (blk * it))
