@@ -15,7 +15,7 @@ import pagedattn as pa
 from bench.bench_decode import _bench_graph
 from bench.read_probe import read_ceiling
 
-SHAPES = [(1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512)]
+SHAPES = [(1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512), (1, 4096)]  # 5: latency-bound
 CONFIGS = [(bn, w, st) for bn, w, st in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))]
 PARTITIONS = (128, 256, 512)
 MODES = ("split", "one_pass")  # PAGEDATTN_DECODE_MODE: the launch shape (same arithmetic)
