@@ -352,13 +352,14 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
 # ----------------------------------------------------------------------------------------------
 
 # (BLOCK_N, num_warps, num_stages) keyed by (padded head dim, rows bucket). One config serves
-# both launch shapes (batch invariance needs the same tiles). NVIDIA, rows <= 16: KV tiles of 16
-# tokens, 1 warp, 3 stages (24 KB of shared memory: 9 programs per SM, so the 1024 split programs
-# of (8, 8192) x 8 KV heads run in one wave, not two as with (32, 4, 3)); the H200 sweeps of
-# session 3 (bench/results/2026-11-30-h200-s3/decode_config_sweep.log): (8, 8192) 32/8 69.8 vs
-# 84.0 us, the other nine issue rows within -3.5 % .. +3 % of (32, 4, 3). AMD/DCU: fewer stages.
+# both launch shapes (batch invariance needs the same tiles). NVIDIA, rows <= 16: KV tiles of 32
+# tokens, 4 warps, 3 stages. The H200 sweeps of session 3 (bench/results/2026-11-30-h200-s3/
+# decode_config_sweep.log) weighed it against (16, 1, 3): 16-token tiles take 24 KB of shared
+# memory (9 programs per SM, not 4), so (8, 8192) 32/8's 1024 split programs run in one wave:
+# 69 vs 84 us; but they lose 1.6x on the latency-bound (1, 4096) (29 vs 18 us) and 3-4 % at
+# (1, 32768) and (64, 4096). AMD/DCU: fewer stages.
 _CONFIGS = {
-    "nvidia": {(128, 16): (16, 1, 3), (128, 64): (64, 4, 3), (128, 256): (32, 8, 2),
+    "nvidia": {(128, 16): (32, 4, 3), (128, 64): (64, 4, 3), (128, 256): (32, 8, 2),
                (256, 16): (32, 4, 2), (256, 64): (32, 4, 2), (256, 256): (16, 8, 2)},
     "amd": {(128, 16): (64, 4, 1), (128, 64): (64, 4, 1), (128, 256): (32, 8, 1),
             (256, 16): (32, 4, 1), (256, 64): (32, 4, 1), (256, 256): (16, 8, 1)},
