@@ -4,7 +4,8 @@ Scope: K/V of every key in the paged cache (no k_new/v_new), no custom mask, no 
 power-of-2 page. Those calls run ``pipe_fma`` by default (the H200 A/B of 2026-11-30, triton
 3.6, bench/results/2026-11-30-h200-s3/extend_variants.md: 41-54 % of the matmul rate against
 35-42 % for ``onepass`` and 32-39 % for the two-stage loop); every other call runs the
-two-stage loop of ``extend.py`` (``twostage``; launcher: :func:`resolve`). ``default`` names :data:`DEFAULT`.
+two-stage loop of ``extend.py`` (``twostage``; launcher: :func:`resolve`). ``default`` names
+:data:`DEFAULT`.
 
 Every variant walks the keys in ONE pass over absolute positions, so each tile start is a
 multiple of BLOCK_N (page-aligned when PAGE divides BLOCK_N or BLOCK_N divides PAGE):

@@ -75,8 +75,8 @@ def _merge(big_m, big_l, big_a, m_p, l_p, acc_p):
 
 
 @triton.jit
-def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale, cap,
-            window, stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
+def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
+            cap, window, stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
             stride_kdh: tl.int64, stride_kdl: tl.int64,
             stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
             stride_vdh: tl.int64, stride_vdl: tl.int64,
@@ -176,7 +176,7 @@ def _decode_kernel(
         out_ptr,  # [B, LQ, Hq, D]
         lse_ptr,  # float32 [B, LQ, Hq]
         ws_ml_ptr,  # float32 [B, Hkv, P, R, 2]: (m_p, l_p) per partition and row
-        ws_o_ptr,  # float32 [B, Hkv, P, R, D]: normalised O_p
+        ws_o_ptr,  # float32 [B, Hkv, P, R, D]: acc_p (unnormalised)
         scale, cap, window, Hq, LQ, P, BT_W,
         stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
         stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
@@ -239,8 +239,8 @@ def _decode_kernel(
     blk0 = _tile_block_ids(bt_row_ptr, t_lo, BT_W * BS, tl.arange(0, BLOCK_N), BS, ONE_BLOCK)
     if p < n_parts:  # split: programs past the sequence's last partition have nothing to do
         m, l, acc = _attend(
-            q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale, cap,
-            window, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
+            q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
+            cap, window, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
             stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS,
             BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, CAUSAL, HAS_WINDOW,
             HAS_CAP, HAS_ALIBI, IEEE)
@@ -285,11 +285,10 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     UNROLL partitions per group: their states in one load (with one warp a thread holds all
     UNROLL rows of its columns, so pulling a row out takes no shuffles), the group's running
     maxima by a cumulative max and every exp2 of the merges at once; only L' = L a + l b and
-    A' = A a + acc b stay a chain (two FMA-deep per partition). Loads issued one per partition
-    were not overlapped by the compiler (~200 cycles each, one L2 round trip). The H200 profile of session 3 put 6-9 us of a
-    (1, 32768) decode in this kernel when each merge waited on its own reductions and exp2s.
-    Same values as :func:`_merge` step by step: max is exact in any order, the exp2 arguments
-    are the same numbers, the FMAs are explicit.
+    A' = A a + acc b stay a chain (two FMA-deep per partition). Same values as :func:`_merge`
+    step by step: max is exact in any order, the exp2 arguments are the same numbers, the FMAs
+    are explicit. Cost on the H200 (session 3): ~2.3 us + ~0.09 us per partition, the same for
+    every group size, column split and formulation tried (bench/NOTES.md, lever 2).
     """
     h = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
@@ -478,7 +477,8 @@ def run(call):
         out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o,
         scale=float(o.scale), cap=float(o.logit_cap or 1.0),
         window=int(o.sliding_window or 0), Hq=hq, LQ=lq, P=n_part_max,
-        BT_W=call.block_table.shape[1], PART=part, stride_qb=q4.stride(0), stride_qt=q4.stride(1), stride_qh=q4.stride(2),
+        BT_W=call.block_table.shape[1], PART=part,
+        stride_qb=q4.stride(0), stride_qt=q4.stride(1), stride_qh=q4.stride(2),
         stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
         stride_bt=call.block_table.stride(0),
         stride_kb=ks.block, stride_kt=ks.token, stride_kh=ks.head, stride_kdh=ks.dim_hi,
