@@ -206,6 +206,34 @@ def test_many_partitions_combine_bitwise_across_launch_shapes(device, mode_guard
     _check(b, q, one, one_lse, lens, 1, torch.float32)
 
 
+@pytest.mark.parametrize("ppp", ["2", "3", "64"])
+@pytest.mark.parametrize("window", [None, 150], ids=["full", "window"])
+def test_split_programs_owning_several_partitions_bitwise(device, mode_guard, monkeypatch, ppp,
+                                                          window):
+    """A split program that walks several partitions (PAGEDATTN_DECODE_PPP) parks each one's
+    state exactly as one program per partition would: outputs equal the one-pass launch bit for
+    bit, including sequences with one or no partition and partitions wholly before a window."""
+    gen = torch.Generator().manual_seed(23)
+    lens = [301, 16, 0, 47]  # 19, 1, 1 (empty) and 3 partitions of 16
+    b = make_paged_batch(lens, num_kv_heads=2, head_dim=32, block_size=16, layout="bhsd",
+                         dtype=torch.float32, device=device, gen=gen)
+    q = torch.randn(4, 4, 32, generator=gen).to(device=device)
+    o = dict(sliding_window=window, sinks=torch.randn(4, device=device))
+    one, one_lse = _decode(b, q, mode="one_pass", partition_size=16, return_lse=True, **o)
+    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
+    out, lse = _decode(b, q, mode="split", partition_size=16, return_lse=True, **o)
+    assert torch.equal(out, one) and torch.equal(lse, one_lse)
+    _check(b, q, one, one_lse, lens, 1, torch.float32, **o)
+
+
+def test_parts_per_program_rejects_bad_values(device, monkeypatch):
+    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", "0")
+    with pytest.raises(ValueError, match="PAGEDATTN_DECODE_PPP"):
+        PD._parts_per_program(64, 8, 16, 32, 128, 4, 3, 2, torch.device(device))
+    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", "auto")
+    assert PD._parts_per_program(64, 8, 16, 32, 128, 4, 3, 2, torch.device("cpu")) == 1
+
+
 def test_out_buffer_fused_qkv_noncontiguous_cache(device, mode_guard):
     """out= is written in place; q is a strided slice of a fused qkv tensor; the cache is a
     non-contiguous view (make_paged_batch(contiguous=False))."""

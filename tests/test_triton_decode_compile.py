@@ -49,10 +49,10 @@ bs = int(sys.argv[1])
 common = dict(G=4, R=4, D=128, BLOCK_D=128, HAS_SINK=False, HAS_KV_SCALE=False,
               RETURN_LSE=True)
 bn, warps, stages = D._CONFIGS["nvidia"][(128, 16)]  # the launcher's tiles for 32/8, D 128
-for one_pass in (False, True):
+for one_pass, multi in ((False, False), (True, False), (False, True)):
     k = compile_one(_decode_kernel, dict(
         common, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, BLOCK_M=16,
-        BLOCK_N=bn, PART=512, ONE_BLOCK=bs % bn == 0, ONE_PASS=one_pass, CAUSAL=False,
+        BLOCK_N=bn, PART=512, ONE_BLOCK=bs % bn == 0, ONE_PASS=one_pass, MULTI=multi, CAUSAL=False,
         HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False, IEEE=False), ("scale", "cap"),
         num_warps=warps, num_stages=stages)
     waits = [int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", k.asm["ttgir"])]

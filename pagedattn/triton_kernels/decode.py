@@ -75,8 +75,18 @@ def _merge(big_m, big_l, big_a, m_p, l_p, acc_p):
 
 
 @triton.jit
+def _park(ws_ml_ptr, ws_o_ptr, row, row_ok, m, l, acc, d, d_mask, D: tl.constexpr):
+    """Store one partition's state (m_p, l_p, acc_p) at workspace rows ``row`` for the combine."""
+    tl.store(ws_ml_ptr + 2 * row, m, mask=row_ok)
+    tl.store(ws_ml_ptr + 2 * row + 1, l, mask=row_ok)
+    tl.store(ws_o_ptr + row[:, None] * D + d[None, :], acc,
+             mask=row_ok[:, None] & d_mask[None, :])
+
+
+@triton.jit
 def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
-            cap, window, stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
+            cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
+            stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
             stride_kdh: tl.int64, stride_kdl: tl.int64,
             stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
             stride_vdh: tl.int64, stride_vdl: tl.int64,
@@ -84,17 +94,21 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
             V_LO_ONE: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, STEP: tl.constexpr,
             PART: tl.constexpr, ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
-            CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
-            HAS_ALIBI: tl.constexpr, IEEE: tl.constexpr):
+            PARK: tl.constexpr, R: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+            HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+            IEEE: tl.constexpr):
     """Online softmax of the group rows over keys [t_lo, t_hi), one tile of STEP keys at a time.
 
     t_lo is a multiple of STEP, and STEP divides PART, so no tile straddles a partition. Split
     launch: [t_lo, t_hi) is one partition; returns its state (m, l, acc). One-pass launch: the
     whole sequence; at each partition's last tile its state is merged (:func:`_merge`) into the
     running (M, L, A) and restarted, so the K/V stream never leaves the pipelined loop; returns
-    (M, L, A). blk_n: the block ids of the first tile (:func:`_tile_block_ids`, loaded by the
-    caller). q [BLOCK_M, BLOCK_D]; pos [BLOCK_M] absolute query positions; slope2 [BLOCK_M]
-    ALiBi slopes (log2 domain). m, l: [BLOCK_M] (log2 domain); acc [BLOCK_M, BLOCK_D] float32.
+    (M, L, A). PARK (split programs that own several partitions): when the sequence has more
+    than one partition, each partition's state is stored to the workspace at its last tile and
+    restarted, exactly what one program per partition stores. blk_n: the block ids of the first
+    tile (:func:`_tile_block_ids`, loaded by the caller). q [BLOCK_M, BLOCK_D]; pos [BLOCK_M]
+    absolute query positions; slope2 [BLOCK_M] ALiBi slopes (log2 domain). m, l: [BLOCK_M]
+    (log2 domain); acc [BLOCK_M, BLOCK_D] float32.
     """
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -146,6 +160,14 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
                 m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
                 l_i = tl.zeros((BLOCK_M,), tl.float32)
                 acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        if PARK:
+            end = start + STEP
+            if (((end % PART) == 0) | (end >= t_hi)) & (n_parts > 1):
+                row = ws_row0 + ((end - 1) // PART) * R + rows
+                _park(ws_ml_ptr, ws_o_ptr, row, row_ok, m_i, l_i, acc, d, d_mask, D)
+                m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+                l_i = tl.zeros((BLOCK_M,), tl.float32)
+                acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     if ONE_PASS:
         return big_m, big_l, big_a
     else:
@@ -177,7 +199,7 @@ def _decode_kernel(
         lse_ptr,  # float32 [B, LQ, Hq]
         ws_ml_ptr,  # float32 [B, Hkv, P, R, 2]: (m_p, l_p) per partition and row
         ws_o_ptr,  # float32 [B, Hkv, P, R, D]: acc_p (unnormalised)
-        scale, cap, window, Hq, LQ, P, BT_W,
+        scale, cap, window, Hq, LQ, P, BT_W, PPP,
         stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
         stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
         stride_bt: tl.int64,
@@ -188,11 +210,12 @@ def _decode_kernel(
         G: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, PART: tl.constexpr,
         K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, CAUSAL: tl.constexpr,
-        HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-        HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr,
-        IEEE: tl.constexpr):
-    # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode.
+        ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, MULTI: tl.constexpr,
+        CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
+        HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
+        RETURN_LSE: tl.constexpr, IEEE: tl.constexpr):
+    # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
+    # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
     h = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
@@ -230,6 +253,17 @@ def _decode_kernel(
         p = 0
         t_lo = first
         t_hi = seq_len
+    elif MULTI:
+        p = tl.program_id(2) * PPP  # this program's first partition
+        t_lo = tl.maximum(p * PART, first)
+        t_hi = tl.minimum((p + PPP) * PART, seq_len)
+        if HAS_WINDOW:  # partitions wholly before the window: neutral states
+            if n_parts > 1:
+                for pe in range(p, tl.minimum(first // PART, p + PPP)):
+                    _park(ws_ml_ptr, ws_o_ptr, ws_row0 + pe * R + rows, row_ok,
+                          tl.full((BLOCK_M,), float("-inf"), tl.float32),
+                          tl.zeros((BLOCK_M,), tl.float32),
+                          tl.zeros((BLOCK_M, BLOCK_D), tl.float32), d, d_mask, D)
     else:
         p = tl.program_id(2)
         t_lo = tl.maximum(p * PART, first)
@@ -240,10 +274,10 @@ def _decode_kernel(
     if p < n_parts:  # split: programs past the sequence's last partition have nothing to do
         m, l, acc = _attend(
             q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
-            cap, window, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
-            stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS,
-            BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, CAUSAL, HAS_WINDOW,
-            HAS_CAP, HAS_ALIBI, IEEE)
+            cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, stride_kb, stride_kt,
+            stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh, stride_vdh,
+            stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, STEP,
+            PART, ONE_BLOCK, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE)
         if ONE_PASS or n_parts == 1:
             if not ONE_PASS:  # the state one-pass would hold: one merge into the empty state
                 m, l, acc = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32),
@@ -252,12 +286,8 @@ def _decode_kernel(
             o, lse2 = finalize_state(m, l, acc, sink2, HAS_SINK)
             _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok, d_mask, v_scale,
                         Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
-        else:  # park (m_p, l_p, acc_p) for the combine
-            row = ws_row0 + p * R + rows
-            tl.store(ws_ml_ptr + 2 * row, m, mask=row_ok)
-            tl.store(ws_ml_ptr + 2 * row + 1, l, mask=row_ok)
-            tl.store(ws_o_ptr + row[:, None] * D + d[None, :], acc,
-                     mask=row_ok[:, None] & d_mask[None, :])
+        elif not MULTI:  # park (m_p, l_p, acc_p) for the combine (MULTI parked in the loop)
+            _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, d, d_mask, D)
 
 
 @triton.jit
@@ -418,6 +448,34 @@ def unsupported(q=None, k_cache=None, geom=None, **_):
     return why
 
 
+def _parts_per_program(programs, n_part_max, block_m, block_n, block_d, warps, stages, kv_bytes,
+                       device):
+    """Partitions per split program (PAGEDATTN_DECODE_PPP: an integer, or ``auto``; default 1).
+
+    ``auto``: as few as keep the split grid within one wave of resident programs (shared memory
+    of the K/V stages, warps per SM); the outputs are the same bits for any value, since each
+    partition's state and the combine's order do not change. NOTE unmeasured on a GPU: the
+    default stays 1 until the H200 A/B (bench/NOTES.md, lever 1).
+    """
+    raw = os.environ.get("PAGEDATTN_DECODE_PPP", "1")
+    if raw != "auto":
+        try:
+            ppp = int(raw)
+        except ValueError:
+            raise ValueError(f"PAGEDATTN_DECODE_PPP={raw!r}: expected a positive integer or auto")
+        if ppp < 1:
+            raise ValueError(f"PAGEDATTN_DECODE_PPP={raw!r}: expected a positive integer or auto")
+        return min(ppp, n_part_max)
+    if device.type != "cuda":
+        return 1
+    props = torch.cuda.get_device_properties(device)
+    smem = stages * block_n * block_d * 2 * kv_bytes + block_m * block_d * 2
+    limit = getattr(props, "shared_memory_per_multiprocessor", 0) or 228 * 1024
+    per_sm = max(1, min(limit // max(smem, 1), 64 // warps))
+    slots = props.multi_processor_count * per_sm
+    return min(n_part_max, max(1, -(-programs // slots)))
+
+
 def _mode(num_seqs, num_kv_heads, device):
     forced = FORCE_MODE or os.environ.get("PAGEDATTN_DECODE_MODE") or None
     if forced:
@@ -466,7 +524,11 @@ def run(call):
                   HAS_SINK=o.sinks is not None, HAS_KV_SCALE=has_kv_scale,
                   RETURN_LSE=call.return_lse)
     # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
-    grid = (hkv, nb, 1 if mode == "one_pass" else n_part_max)
+    ppp = 1
+    if mode == "split" and n_part_max > 1:
+        ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, block_m, block_n, block_d,
+                                 num_warps, num_stages, call.k_cache.element_size(), dev)
+    grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
     _decode_kernel[grid](
         q_ptr=q4, k_ptr=call.k_cache, v_ptr=call.v_cache, block_table_ptr=call.block_table,
         seq_lens_ptr=call.seq_lens,
@@ -486,7 +548,8 @@ def run(call):
         stride_vb=vs.block, stride_vt=vs.token, stride_vh=vs.head, stride_vdh=vs.dim_hi,
         stride_vdl=vs.dim_lo,
         BS=bs, K_X=ks.x, K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1,
-        BLOCK_N=block_n, ONE_BLOCK=one_block, ONE_PASS=mode == "one_pass", CAUSAL=lq > 1,
+        BLOCK_N=block_n, ONE_BLOCK=one_block, ONE_PASS=mode == "one_pass", MULTI=ppp > 1,
+        PPP=ppp, CAUSAL=lq > 1,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
         BLOCK_M=block_m, num_warps=num_warps, num_stages=num_stages,
