@@ -32,10 +32,16 @@ for _caps in (C.TORCH, C.TRITON, C.HIP):
     register(_caps)
 
 
+_LOADED = {}  # name -> module: import_module costs ~2 us per call even when imported
+
+
 def load(name: str):
-    if name not in BACKENDS:
-        raise ValueError(f"backend: expected one of {['auto', *BACKENDS]}, got {name!r}")
-    return importlib.import_module(BACKENDS[name])
+    mod = _LOADED.get(name)
+    if mod is None:
+        if name not in BACKENDS:
+            raise ValueError(f"backend: expected one of {['auto', *BACKENDS]}, got {name!r}")
+        mod = _LOADED[name] = importlib.import_module(BACKENDS[name])  # ImportError: not cached
+    return mod
 
 
 ##### Data tables #####

@@ -16,10 +16,16 @@ _MODULES = {
 }
 
 
+_LOADED = {}
+
+
 def _module(op):
     # NOTE: kernel modules are named apart from the ops (decode.py serves paged_decode):
     # importing a submodule binds its name on this package, which must not shadow a route.
-    return importlib.import_module(_MODULES[op])
+    mod = _LOADED.get(op)
+    if mod is None:
+        mod = _LOADED[op] = importlib.import_module(_MODULES[op])
+    return mod
 
 
 def supports(op: str, **facts) -> list:

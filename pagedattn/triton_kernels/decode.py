@@ -512,13 +512,13 @@ def run(call):
     mode = _mode(nb, hkv, dev)
     ks, vs = L.k_strides(call.k_cache, call.layout), L.v_strides(call.v_cache, call.layout)
     f32 = dict(dtype=torch.float32, device=dev)
-    lse = torch.empty((nb, lq, hq), **f32) if call.return_lse else torch.empty(1, **f32)
+    dummy = torch.empty(1, **f32)  # the pointer of every disabled input/output: never touched
+    lse = torch.empty((nb, lq, hq), **f32) if call.return_lse else dummy
     if n_part_max > 1:
         ws_ml = torch.empty((nb, hkv, n_part_max, rows, 2), **f32)
         ws_o = torch.empty((nb, hkv, n_part_max, rows, d), **f32)
     else:
-        ws_ml = ws_o = lse  # never touched: every sequence fits one partition
-    dummy = torch.empty(1, **f32)
+        ws_ml = ws_o = dummy  # every sequence fits one partition
     has_kv_scale = call.k_cache.dtype in FP8_DTYPES and o.k_scale is not None
     common = dict(G=group, R=rows, D=d, BLOCK_D=block_d,
                   HAS_SINK=o.sinks is not None, HAS_KV_SCALE=has_kv_scale,
