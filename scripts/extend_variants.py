@@ -63,7 +63,7 @@ def warm(shape_ids):
     for i in shape_ids:
         batch, prefix, extend = BE.SHAPES[i]
         x = BE.make_inputs(batch, prefix, extend, "cuda", torch.bfloat16)
-        BE.run_triton(x, extend, "cache")()
+        BE.run_triton(x, extend, os.environ.get("EXTEND_VARIANTS_NEW_FROM", "cache"))()
     torch.cuda.synchronize()
 
 
@@ -88,7 +88,11 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default="0,1,2,3", help="indices into bench_extend.SHAPES")
     p.add_argument("--jobs", type=int, default=8, help="parallel compile processes")
     p.add_argument("--out", default=None, help="write extend_variants.{md,csv} here")
+    p.add_argument("--new-from", default="cache", choices=["cache", "k_new"],
+                   help="new tokens' K/V from the cache or from k_new/v_new (SGLang style: a "
+                        "named variant runs its loop over the cached prefix)")
     a = p.parse_args(argv)
+    os.environ["EXTEND_VARIANTS_NEW_FROM"] = a.new_from  # the compile subprocesses inherit it
     import pandas as pd
     import torch
     import triton
@@ -121,7 +125,7 @@ def main(argv=None) -> int:
                 continue
             _set_env(variant, config)
             try:
-                fn = BE.run_triton(x, extend, "cache")
+                fn = BE.run_triton(x, extend, a.new_from)
                 out = fn().clone()
                 if ref is None and name == rows[0][0]:
                     ref = out

@@ -27,7 +27,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 pack() { tar czf "$TOP/results.tgz" -C "$OUT_DIR" . 2>/dev/null; }
 trap pack EXIT
 if has tune; then
-  [ -n "${SKIP_VARIANTS:-}" ] || timeout ${VARIANTS_TIMEOUT:-300} python3 scripts/extend_variants.py --out "$OUT_DIR" ${VARIANT_ROWS:+--rows $VARIANT_ROWS} 2>&1 | tee "$OUT_DIR/extend_variants.log" | tail -40
+  [ -n "${SKIP_VARIANTS:-}" ] || timeout ${VARIANTS_TIMEOUT:-300} python3 scripts/extend_variants.py --out "$OUT_DIR" ${VARIANT_ROWS:+--rows $VARIANT_ROWS} ${VARIANT_ARGS:-} 2>&1 | tee "$OUT_DIR/extend_variants.log" | tail -40
   [ -n "${SKIP_SWEEP:-}" ] || timeout ${SWEEP_TIMEOUT:-200} python3 scripts/decode_sweep.py 16 ${SWEEP_ARGS:---quick} 2>&1 | tee "$OUT_DIR/decode_sweep16.log" | grep -E "BEST|read bw|failed"
   has tests || [ -n "${SKIP_VTESTS:-}" ] || timeout ${VTEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rf \
     --tb=short -n 8 tests/test_triton_extend_gpu.py -k variant 2>&1 | tee "$OUT_DIR/variant-tests.log" | tail -15

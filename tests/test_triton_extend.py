@@ -277,7 +277,7 @@ def test_harness_would_catch_a_zero_output(device):
         assert_attn_close(torch.zeros_like(res), res, torch.float32)
 
 
-def _compile_offline(target, variant="twostage"):
+def _compile_offline(target, variant="twostage", new_from_cache=True):
     """Compile the sm_90 default config (bf16, D 128, group 4, page 16) for a real target.
 
     Runs in a subprocess without TRITON_INTERPRET (the interpreter replaces @triton.jit)."""
@@ -290,7 +290,7 @@ def _compile_offline(target, variant="twostage"):
     backend, arch = target.split(":")
     cst = dict(K_X=8, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, GROUP=4, GROUP_P=4,
                HEAD_DIM=128, HEAD_DIM_P=128, PAGE=16, BLOCK_M=128, BLOCK_N=64, CAUSAL=True,
-               NEW_FROM_CACHE=True, HAS_MASK=False, HAS_WINDOW=False, HAS_CAP=False,
+               NEW_FROM_CACHE=new_from_cache, HAS_MASK=False, HAS_WINDOW=False, HAS_CAP=False,
                HAS_ALIBI=False, HAS_SINKS=False, KV_FP8=False, RETURN_LSE=True, IEEE=False,
                VARIANT=VARIANTS[variant])
     ptr = {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32", "mask_ptr": "*u8",
@@ -327,7 +327,7 @@ def _compile_offline(target, variant="twostage"):
 
 @pytest.mark.parametrize("target,variant", [("cuda:90", "twostage"), ("hip:gfx942", "twostage")]
                          + [("cuda:90", v) for v in ("onepass", "pages", "pipe", "pipe_fma")]
-                         + [("hip:gfx942", "pipe_fma")])
+                         + [("hip:gfx942", "pipe_fma"), ("cuda:90", "pipe_fma+k_new")])
 def test_kernel_compiles_for_real_targets(target, variant):
     """The interpreter skips the real compiler (it accepted a non-constexpr global in jit code
     that the compiler rejects): compile offline for sm_90 and gfx942, no GPU needed."""
@@ -342,9 +342,10 @@ def test_kernel_compiles_for_real_targets(target, variant):
     here = os.path.dirname(os.path.abspath(__file__))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), here, env.get("PYTHONPATH", "")])
+    name, _, k_new = variant.partition("+")
     r = subprocess.run([sys.executable, "-c", "import test_triton_extend as t; "
-                        f"t._compile_offline({target!r}, {variant!r})"], env=env, cwd=here,
-                       capture_output=True, text=True, timeout=300)
+                        f"t._compile_offline({target!r}, {name!r}, {not k_new})"], env=env,
+                       cwd=here, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -384,11 +385,28 @@ def test_extend_variant(device, monkeypatch, variant, case):
     run_case(device, seed=30 + case, **c)
 
 
-def test_extend_variant_falls_back_and_rejects_unknown(device, monkeypatch):
-    """k_new, a window or a custom mask run the default loop; an unknown name is an error."""
+@pytest.mark.parametrize("variant", VARIANT_NAMES[1:])
+@pytest.mark.parametrize("case", [0, 3, 4])
+def test_extend_variant_prefix_pass_with_k_new(device, monkeypatch, variant, case):
+    """k_new/v_new calls run a variant's loop over the cached prefix when the variant is named
+    explicitly (opt-in until measured), then the new-key stage; unset, the two-stage loop."""
     from pagedattn.triton_kernels import _extend_variants as V
-    monkeypatch.setenv(V.ENV, "pipe_fma")
+    assert V.resolve(new_from_cache=False, has_mask=False, has_window=False, page=4) == 0
+    monkeypatch.setenv(V.ENV, variant)
+    c = VARIANT_CASES[case]
+    assert V.resolve(new_from_cache=False, has_mask=False, has_window=False, page=c["bs"]) \
+        == V.VARIANTS[variant], "the variant must actually run for this case"
+    run_case(device, seed=50 + case, new_from="k_new", **c)
+
+
+def test_extend_variant_falls_back_and_rejects_unknown(device, monkeypatch):
+    """A window, a custom mask or a page that is not a power of 2 run the default loop (k_new
+    too unless a variant is named); an unknown name is an error."""
+    from pagedattn.triton_kernels import _extend_variants as V
+    monkeypatch.setenv(V.ENV, "default")
     assert V.resolve(new_from_cache=False, has_mask=False, has_window=False, page=16) == 0
+    monkeypatch.setenv(V.ENV, "pipe_fma")
+    assert V.resolve(new_from_cache=False, has_mask=False, has_window=True, page=16) == 0
     assert V.resolve(new_from_cache=True, has_mask=False, has_window=True, page=16) == 0
     assert V.resolve(new_from_cache=True, has_mask=False, has_window=False, page=12) == 0
     run_case(device, layout="bshd", dtype=torch.float32, heads=(8, 2), bs=4, prefixes=[6, 0],

@@ -220,7 +220,7 @@ def _extend_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
 
-    if VARIANT != 0:  # cached K/V, no custom mask or window: one pass (launcher checks)
+    if VARIANT != 0 and NEW_FROM_CACHE:  # no custom mask or window: one pass (launcher checks)
         acc, m_i, l_i = V.one_pass(
             acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, scale_1, logit_cap, bt_row,
             kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
@@ -241,16 +241,25 @@ def _extend_fwd(
 
         # Stage 1: the prefix [0, P), a dense rectangle. Full tiles run unmasked; the partial
         # last tile (and every tile under a window or custom mask) runs masked.
-        full1 = lo1 if ANY_MASK else prefix // BLOCK_N * BLOCK_N
-        for MASKED in tl.static_range(2):
-            acc, m_i, l_i = _stage(
-                acc, m_i, l_i, q, tl.maximum(full1, lo1) if MASKED else lo1,
-                prefix if MASKED else full1, prefix, 0, row_pos, row_ok, slope2, scale_1,
-                logit_cap, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr,
-                vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
-                stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, stride_nt, stride_nh, K_X,
-                K_SPLIT, K_LO_ONE, V_LO_ONE, PAGE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, MASKED == 1,
-                True, False, False, HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
+        if VARIANT != 0:  # k_new/v_new, no mask or window: the variant's loop (opt-in)
+            acc, m_i, l_i = V.prefix_pass(
+                acc, m_i, l_i, q, prefix, lk, kvh, row_pos, slope2, scale_1, logit_cap, bt_row,
+                kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
+                stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
+                V_LO_ONE, VARIANT, PAGE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, HAS_CAP, HAS_ALIBI,
+                KV_FP8, IEEE)
+        else:
+            full1 = lo1 if ANY_MASK else prefix // BLOCK_N * BLOCK_N
+            for MASKED in tl.static_range(2):
+                acc, m_i, l_i = _stage(
+                    acc, m_i, l_i, q, tl.maximum(full1, lo1) if MASKED else lo1,
+                    prefix if MASKED else full1, prefix, 0, row_pos, row_ok, slope2, scale_1,
+                    logit_cap, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr,
+                    vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
+                    stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, stride_nt,
+                    stride_nh, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, PAGE, BLOCK_N, HEAD_DIM,
+                    HEAD_DIM_P, MASKED == 1, True, False, False, HAS_WINDOW, HAS_MASK, HAS_CAP,
+                    HAS_ALIBI, KV_FP8, IEEE)
 
         # Stage 2: the new keys r in [0, Lq) at positions P + r. Causal: a lower triangle; the
         # loop stops at the block's diagonal (keys past its last query are never loaded).
