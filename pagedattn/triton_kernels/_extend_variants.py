@@ -53,8 +53,9 @@ def resolve(*, new_from_cache: bool, has_mask: bool, has_window: bool, page: int
 
     A power-of-2 page keeps every BLOCK_N-aligned tile page-aligned (PAGE | BLOCK_N or
     BLOCK_N | PAGE), whatever tile the config picks. Calls with k_new/v_new run a variant's key
-    loop over their cached prefix (then the two-stage loop's new-key stage, :func:`prefix_pass`)
-    only when PAGEDATTN_EXTEND_VARIANT names the variant: not yet measured on a GPU.
+    loop over their cached prefix (:func:`one_pass` on keys [0, prefix), non-causal; then the
+    two-stage loop's new-key stage) only when PAGEDATTN_EXTEND_VARIANT names the variant: not
+    yet measured on a GPU.
     """
     v = VARIANTS[requested()]
     pow2 = page > 0 and page & (page - 1) == 0
@@ -215,36 +216,3 @@ def one_pass(acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, qk_scale,
             PAD_D, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
     return acc, m_i, l_i
 
-
-@triton.jit
-def prefix_pass(acc, m_i, l_i, q, prefix, lk, kvh, row_pos, slope2, qk_scale, logit_cap,
-                bt_row, kc_ptr, vc_ptr,
-                stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
-                stride_kdh: tl.int64, stride_kdl: tl.int64, stride_vb: tl.int64,
-                stride_vt: tl.int64, stride_vh: tl.int64, stride_vdh: tl.int64,
-                stride_vdl: tl.int64,
-                K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr,
-                V_LO_ONE: tl.constexpr, VARIANT: tl.constexpr, PAGE: tl.constexpr,
-                BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
-                HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, KV_FP8: tl.constexpr,
-                IEEE: tl.constexpr):
-    """The cached prefix [0, prefix) of a k_new/v_new call through the variant's key loop: full
-    tiles unmasked, the partial last tile masked (every prefix key is visible to every row)."""
-    d = tl.arange(0, HEAD_DIM_P)
-    d_ok = d < HEAD_DIM
-    zero = kvh * 0
-    kc_h = kc_ptr + kvh * stride_kh
-    vc_h = vc_ptr + kvh * stride_vh
-    dk = kv_offset(zero, 0, 0, d[:, None], stride_kb, stride_kt, stride_kh, stride_kdh,
-                   stride_kdl, K_X, K_SPLIT, K_LO_ONE)  # [D_P, 1]
-    dv = kv_offset(zero, 0, 0, d[None, :], stride_vb, stride_vt, stride_vh, stride_vdh,
-                   stride_vdl, HEAD_DIM_P, False, V_LO_ONE)  # [1, D_P]
-    full = prefix // BLOCK_N * BLOCK_N
-    PAD_D: tl.constexpr = HEAD_DIM_P != HEAD_DIM
-    for MASKED in tl.static_range(2):
-        acc, m_i, l_i = _tiles(
-            acc, m_i, l_i, q, full if MASKED else 0, prefix if MASKED else full, prefix,
-            row_pos, slope2, qk_scale, logit_cap, bt_row, kc_h, vc_h, dk, dv, d_ok, stride_kb,
-            stride_kt, stride_vb, stride_vt, VARIANT, MASKED == 1, False, PAGE, BLOCK_N, PAD_D,
-            HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
-    return acc, m_i, l_i

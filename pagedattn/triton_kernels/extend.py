@@ -241,13 +241,14 @@ def _extend_fwd(
 
         # Stage 1: the prefix [0, P), a dense rectangle. Full tiles run unmasked; the partial
         # last tile (and every tile under a window or custom mask) runs masked.
-        if VARIANT != 0:  # k_new/v_new, no mask or window: the variant's loop (opt-in)
-            acc, m_i, l_i = V.prefix_pass(
-                acc, m_i, l_i, q, prefix, lk, kvh, row_pos, slope2, scale_1, logit_cap, bt_row,
-                kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
+        if VARIANT != 0:  # k_new/v_new, no mask or window: the variant's loop (opt-in) over
+            # the keys [0, prefix), all visible to every row: one_pass without the causal rule
+            acc, m_i, l_i = V.one_pass(
+                acc, m_i, l_i, q, prefix, tok0, prefix, kvh, row_pos, slope2, scale_1, logit_cap,
+                bt_row, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
                 stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
-                V_LO_ONE, VARIANT, PAGE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, HAS_CAP, HAS_ALIBI,
-                KV_FP8, IEEE)
+                V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, HEAD_DIM, HEAD_DIM_P, False, HAS_CAP,
+                HAS_ALIBI, KV_FP8, IEEE)
         else:
             full1 = lo1 if ANY_MASK else prefix // BLOCK_N * BLOCK_N
             for MASKED in tl.static_range(2):
