@@ -153,18 +153,17 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
-        if ONE_PASS:
+        if ONE_PASS or PARK:
             end = start + STEP
-            if ((end % PART) == 0) | (end >= t_hi):  # the partition's last tile
-                big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_i, l_i, acc)
-                m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-                l_i = tl.zeros((BLOCK_M,), tl.float32)
-                acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-        if PARK:
-            end = start + STEP
-            if (((end % PART) == 0) | (end >= t_hi)) & (n_parts > 1):
-                row = ws_row0 + ((end - 1) // PART) * R + rows
-                _park(ws_ml_ptr, ws_o_ptr, row, row_ok, m_i, l_i, acc, d, d_mask, D)
+            last = ((end % PART) == 0) | (end >= t_hi)  # the partition's last tile
+            if PARK:  # a single-partition sequence is finished by the caller
+                last = last & (n_parts > 1)
+            if last:
+                if ONE_PASS:
+                    big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_i, l_i, acc)
+                else:
+                    _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R + rows, row_ok,
+                          m_i, l_i, acc, d, d_mask, D)
                 m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
                 l_i = tl.zeros((BLOCK_M,), tl.float32)
                 acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -462,7 +461,7 @@ def _parts_per_program(programs, n_part_max, block_m, block_n, block_d, warps, s
         try:
             ppp = int(raw)
         except ValueError:
-            raise ValueError(f"PAGEDATTN_DECODE_PPP={raw!r}: expected a positive integer or auto")
+            ppp = 0
         if ppp < 1:
             raise ValueError(f"PAGEDATTN_DECODE_PPP={raw!r}: expected a positive integer or auto")
         return min(ppp, n_part_max)
