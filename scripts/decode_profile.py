@@ -13,6 +13,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import pagedattn as pa
+from bench.bench_decode import D, _case
 from scripts.decode_sweep import SHAPES
 
 
@@ -25,17 +26,12 @@ def main():
     ap.add_argument("--configs", default="", help="PAGEDATTN_DECODE_CONFIG values, ';'-separated")
     a = ap.parse_args()
     hq, hkv = (int(x) for x in a.heads.split("/"))
-    d, bs = 128, a.block
+    d, bs = D, a.block
+    gen = torch.Generator(device="cuda").manual_seed(0)
     for i in (int(x) for x in a.shapes.split(",")):
         b, ctx = SHAPES[i]
-        nblk = b * ctx // bs + 1
-        kc, vc = pa.make_kv_cache(nblk, bs, hkv, d, dtype=torch.bfloat16, device="cuda")
-        kc.normal_()
-        vc.normal_()
-        table = (torch.randperm(nblk - 1, device="cuda")[: b * ctx // bs] + 1).to(torch.int32)
-        table = table.view(b, ctx // bs)
-        lens = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
-        q = torch.randn(b, hq, d, dtype=torch.bfloat16, device="cuda")
+        q, kc, vc, table, lens = _case(b, ctx, hq, hkv, bs, torch.bfloat16, "cuda", gen)
+        nblk = kc.shape[0]
         out = torch.empty_like(q)
         for comb, cfg in itertools.product(a.combines.split(";") if a.combines else [""],
                                            a.configs.split(";") if a.configs else [""]):

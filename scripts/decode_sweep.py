@@ -12,7 +12,7 @@ import torch
 import triton
 
 import pagedattn as pa
-from bench.bench_decode import _bench_graph
+from bench.bench_decode import D, _bench_graph, _case
 from bench.read_probe import read_ceiling
 
 SHAPES = [(1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512), (1, 4096)]  # 5: latency-bound
@@ -35,7 +35,8 @@ def main():
     a = ap.parse_args()
     dev = "cuda"
     hq, hkv = (int(x) for x in a.heads.split("/"))
-    d, bs, quick = 128, a.block_size, a.quick
+    d, bs, quick = D, a.block_size, a.quick
+    gen = torch.Generator(device=dev).manual_seed(0)
     configs = [(64, 4, 3), (64, 4, 4), (128, 8, 3), (32, 4, 3)] if quick else CONFIGS
     if a.configs:
         configs = [tuple(int(x) for x in c.split(",")) for c in a.configs.split(";")]
@@ -50,14 +51,8 @@ def main():
           f"block {bs}")
     print("batch ctx mode part cfg eager_us graph_us graph_frac")
     for b, ctx in shapes:
-        nblk = b * ctx // bs + 1
-        kc, vc = pa.make_kv_cache(nblk, bs, hkv, d, dtype=torch.bfloat16, device=dev)
-        kc.normal_()
-        vc.normal_()
-        table = (torch.randperm(nblk - 1, device=dev)[: b * ctx // bs] + 1).to(torch.int32)
-        table = table.view(b, ctx // bs)
-        lens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
-        q = torch.randn(b, hq, d, dtype=torch.bfloat16, device=dev)
+        q, kc, vc, table, lens = _case(b, ctx, hq, hkv, bs, torch.bfloat16, dev, gen)
+        nblk = kc.shape[0]
         out = torch.empty_like(q)
         nbytes = 2 * b * ctx * hkv * d * 2
         best = None
