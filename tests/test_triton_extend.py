@@ -388,10 +388,12 @@ def test_extend_variant(device, monkeypatch, variant, case):
 @pytest.mark.parametrize("variant", VARIANT_NAMES[1:])
 @pytest.mark.parametrize("case", [0, 3, 4])
 def test_extend_variant_prefix_pass_with_k_new(device, monkeypatch, variant, case):
-    """k_new/v_new calls run a variant's loop over the cached prefix when the variant is named
-    explicitly (opt-in until measured), then the new-key stage; unset, the two-stage loop."""
+    """k_new/v_new calls run a variant's loop over the cached prefix, then the new-key stage;
+    unset, the default variant."""
     from pagedattn.triton_kernels import _extend_variants as V
-    assert V.resolve(new_from_cache=False, has_mask=False, has_window=False, page=4) == 0
+    monkeypatch.delenv(V.ENV, raising=False)
+    assert V.resolve(new_from_cache=False, has_mask=False, has_window=False, page=4) \
+        == V.VARIANTS[V.DEFAULT]
     monkeypatch.setenv(V.ENV, variant)
     c = VARIANT_CASES[case]
     assert V.resolve(new_from_cache=False, has_mask=False, has_window=False, page=c["bs"]) \
@@ -400,10 +402,10 @@ def test_extend_variant_prefix_pass_with_k_new(device, monkeypatch, variant, cas
 
 
 def test_extend_variant_falls_back_and_rejects_unknown(device, monkeypatch):
-    """A window, a custom mask or a page that is not a power of 2 run the default loop (k_new
-    too unless a variant is named); an unknown name is an error."""
+    """A window, a custom mask or a page that is not a power of 2 run the two-stage loop, and so
+    does ``twostage`` by name; an unknown name is an error."""
     from pagedattn.triton_kernels import _extend_variants as V
-    monkeypatch.setenv(V.ENV, "default")
+    monkeypatch.setenv(V.ENV, "twostage")
     assert V.resolve(new_from_cache=False, has_mask=False, has_window=False, page=16) == 0
     monkeypatch.setenv(V.ENV, "pipe_fma")
     assert V.resolve(new_from_cache=False, has_mask=False, has_window=True, page=16) == 0

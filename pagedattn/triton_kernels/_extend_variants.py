@@ -1,11 +1,12 @@
 """Key-loop variants of the extend kernel (``PAGEDATTN_EXTEND_VARIANT``).
 
-Scope: K/V of every key in the paged cache (no k_new/v_new), no custom mask, no window, a
-power-of-2 page. Those calls run ``pipe_fma`` by default (the H200 A/B of 2026-11-30, triton
-3.6, bench/results/2026-11-30-h200-s3/extend_variants.md: 41-54 % of the matmul rate against
-35-42 % for ``onepass`` and 32-39 % for the two-stage loop); every other call runs the
-two-stage loop of ``extend.py`` (``twostage``; launcher: :func:`resolve`). ``default`` names
-:data:`DEFAULT`.
+Scope: no custom mask, no window, a power-of-2 page. Those calls run ``pipe_fma`` by default
+(the H200 A/B of 2026-11-30, triton 3.6, bench/results/2026-11-30-h200-s3/extend_variants.md:
+41-54 % of the matmul rate against 35-42 % for ``onepass`` and 32-39 % for the two-stage loop);
+calls with k_new/v_new run it over their cached prefix, then the two-stage loop's new-key stage
+(bench/results/2026-11-30-h200-s4/extend_variants_k_new.md: 40-54 % against 33-51 %). Every
+other call runs the two-stage loop of ``extend.py`` (``twostage``; launcher: :func:`resolve`).
+``default`` names :data:`DEFAULT`.
 
 Every variant walks the keys in ONE pass over absolute positions, so each tile start is a
 multiple of BLOCK_N (page-aligned when PAGE divides BLOCK_N or BLOCK_N divides PAGE):
@@ -52,15 +53,13 @@ def resolve(*, new_from_cache: bool, has_mask: bool, has_window: bool, page: int
     """VARIANT constexpr for this call: the requested one where it applies, else 0 (default).
 
     A power-of-2 page keeps every BLOCK_N-aligned tile page-aligned (PAGE | BLOCK_N or
-    BLOCK_N | PAGE), whatever tile the config picks. Calls with k_new/v_new run a variant's key
-    loop over their cached prefix (:func:`one_pass` on keys [0, prefix), non-causal; then the
-    two-stage loop's new-key stage) only when PAGEDATTN_EXTEND_VARIANT names the variant: not
-    yet measured on a GPU.
+    BLOCK_N | PAGE), whatever tile the config picks. Calls with k_new/v_new (new_from_cache
+    False) run the variant's key loop over their cached prefix (:func:`one_pass` on keys
+    [0, prefix), non-causal), then the two-stage loop's new-key stage.
     """
     v = VARIANTS[requested()]
     pow2 = page > 0 and page & (page - 1) == 0
-    if not new_from_cache and os.environ.get(ENV, "") in ("", "default"):
-        return 0
+    del new_from_cache  # both sources run the variant (measured, H200 2026-11-30)
     return v if v and not has_mask and not has_window and pow2 else 0
 
 

@@ -449,14 +449,15 @@ def unsupported(q=None, k_cache=None, geom=None, **_):
 
 def _parts_per_program(programs, n_part_max, block_m, block_n, block_d, warps, stages, kv_bytes,
                        device):
-    """Partitions per split program (PAGEDATTN_DECODE_PPP: an integer, or ``auto``; default 1).
+    """Partitions per split program (PAGEDATTN_DECODE_PPP: an integer, or ``auto``, the default).
 
     ``auto``: as few as keep the split grid within one wave of resident programs (shared memory
     of the K/V stages, warps per SM); the outputs are the same bits for any value, since each
-    partition's state and the combine's order do not change. NOTE unmeasured on a GPU: the
-    default stays 1 until the H200 A/B (bench/NOTES.md, lever 1).
+    partition's state and the combine's order do not change. H200 A/B of 2026-11-30
+    (bench/results/2026-11-30-h200-s4/ppp_sweep.log): (8, 8192) 32/8 84.9 -> 72.9 us, (1, 32768)
+    and (1, 4096) unchanged (one wave already).
     """
-    raw = os.environ.get("PAGEDATTN_DECODE_PPP", "1")
+    raw = os.environ.get("PAGEDATTN_DECODE_PPP", "auto")
     if raw != "auto":
         try:
             ppp = int(raw)

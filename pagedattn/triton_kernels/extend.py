@@ -241,7 +241,7 @@ def _extend_fwd(
 
         # Stage 1: the prefix [0, P), a dense rectangle. Full tiles run unmasked; the partial
         # last tile (and every tile under a window or custom mask) runs masked.
-        if VARIANT != 0:  # k_new/v_new, no mask or window: the variant's loop (opt-in) over
+        if VARIANT != 0:  # k_new/v_new, no mask or window: the variant's loop over
             # the keys [0, prefix), all visible to every row: one_pass without the causal rule
             acc, m_i, l_i = V.one_pass(
                 acc, m_i, l_i, q, prefix, tok0, prefix, kvh, row_pos, slope2, scale_1, logit_cap,
