@@ -2,6 +2,8 @@
 // compile_check/check_kernels.cu; torch-free.
 #pragma once
 
+#include <atomic>
+
 #include "attn_kernel.cuh"
 
 namespace pk {
@@ -23,8 +25,29 @@ namespace pk {
 
 constexpr int head_tiles_for(int reuse) { return reuse <= 16 ? 1 : reuse <= 32 ? 2 : 4; }
 
+// Dynamic shared memory above 48 KB needs a per-device opt-in (NVIDIA; the pipelined decode).
+// Done once per device and kernel; nullptr or the error.
+template <class Cfg>
+const char* opt_in_smem() {
+#if defined(PK_CUDA)
+  if constexpr (Cfg::dynamic_smem() > 48 * 1024) {
+    static std::atomic<uint64_t> done{0};  // bit d: device d opted in
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return last_launch_error();
+    const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+    if (bit && (done.load(std::memory_order_relaxed) & bit)) return nullptr;
+    if (cudaFuncSetAttribute(attn_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Cfg::dynamic_smem()) != cudaSuccess)
+      return last_launch_error();
+    done.fetch_or(bit, std::memory_order_relaxed);
+  }
+#endif
+  return nullptr;
+}
+
 template <class Cfg>
 const char* launch_attn(const AttnParams& p, stream_t stream) {
+  if (const char* err = opt_in_smem<Cfg>()) return err;
   attn_kernel<Cfg><<<Cfg::grid(p), Cfg::block(), Cfg::dynamic_smem(), stream>>>(p);
   return last_launch_error();
 }

@@ -15,12 +15,32 @@
 //   Phase 4: O += P V with P converted in registers (acc_to_frag).
 // Then: merge token slices, normalise, write out/lse (one partition) or the split-KV partials.
 //
+// NVIDIA decode with a 16-bit cache (PK_DECODE_PIPELINE=1, the default) replaces phases 1-2 with
+// a kStages-deep cp.async pipeline straight into dynamic shared memory (no register staging):
+//   tile i+kStages-1 is in flight while tile i is consumed; K as [T][D], V as [T][D] (hcu: its
+//   cache layout [D][T]) with padded rows; fragments are read with ldmatrix (.trans for V [T][D]).
+// fp8 caches, extend, and AMD/Hygon keep the register path. PK_DECODE_PIPELINE=0 restores it
+// everywhere (build.py: PAGEDATTN_HIP_DECODE_PIPELINE=0).
+//
 // Torch-free: compiled by the JIT build and, standalone, by csrc/compile_check.
 #pragma once
 
 #include "attn_params.h"
 #include "pk_kvload.h"
 #include "pk_mma.h"
+#include "pk_pipe.h"
+
+#ifndef PK_DECODE_PIPELINE
+#define PK_DECODE_PIPELINE 1
+#endif
+#ifndef PK_DECODE_STAGES
+#define PK_DECODE_STAGES 3  // 3 x 34 KB per block (D 128): 2 blocks and ~128 KB in flight per SM
+#endif
+#if defined(PK_CUDA) && PK_DECODE_PIPELINE
+#define PK_PIPE_ENABLED 1
+#else
+#define PK_PIPE_ENABLED 0
+#endif
 
 namespace pk {
 
@@ -50,15 +70,33 @@ struct AttnCfg {
   static constexpr int kRedBytes = (kTokSplit - 1) * kHeadTiles * 16 * D * 4;
   static constexpr int kSmemBytes = kTileBytes > kRedBytes ? kTileBytes : kRedBytes;
 
+  // Pipelined path (NVIDIA decode, 16-bit cache). Stage s = K [T][kKStride] then V, either
+  // [T][kKStride] or, hcu, [D][kVtStride]. The padding (8 elements = 16 bytes per row) makes the
+  // 16-byte copies and the ldmatrix row reads conflict-free (consecutive rows 16 banks apart).
+  static constexpr bool kPipe = PK_PIPE_ENABLED && kMode == Mode::kDecode && KVT::kBytes == 2;
+  static constexpr int kStages = PK_DECODE_STAGES;
+  static constexpr int kVtStride = kVTrans ? T + 8 : kKStride;
+  static constexpr int kStageElems = T * kKStride + (kVTrans ? D : T) * kVtStride;
+  static constexpr int kPipeBytes =
+      kStages * kStageElems * 2 > kRedBytes ? kStages * kStageElems * 2 : kRedBytes;
+  // Blocks per SM the shared memory allows (228 KB per SM, 1 KB reserved per block), capped so
+  // that the register limit it implies (64K / (128 * blocks)) causes no spills: 4 (D 64) spills
+  // with 4 row tiles, 3 does not.
+  static constexpr int kPipeBlocks = 228 * 1024 / (kPipeBytes + 2 * 1024);
+  static constexpr int kBlockCap = kHeadTiles == 4 ? 3 : 4;
+  static constexpr int kMinBlocks = !kPipe ? 1 : kPipeBlocks > kBlockCap ? kBlockCap : kPipeBlocks;
+
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(kHeadTiles == 1 || kHeadTiles == 2 || kHeadTiles == 4, "row tiles divide 4 waves");
   static_assert(kUnits >= 1 && (T * D / kEpv) % kThreads == 0, "whole 16-byte loads per thread");
   static_assert(kWave % (D / kEpv) == 0, "a wave's K load covers whole rows");
-  static_assert(kSmemBytes + 2 * kWaves * 16 * 4 <= 48 * 1024, "static LDS/shared limit");
+  static_assert(kPipe || kSmemBytes + 2 * kWaves * 16 * 4 <= 48 * 1024, "static LDS/shared limit");
+  static_assert(!kPipe || (kStages >= 2 && kMinBlocks >= 1), "pipeline: >= 2 stages that fit");
   static_assert(kMode == Mode::kDecode || kHeadTiles == 4, "extend: 64 query rows per block");
 
   // Launch geometry. Decode: (kv_head x head group, seq, partition); extend: (query block of
-  // 64, q head, seq). All shared memory is static (<= 48 KB: no opt-in attribute needed).
+  // 64, q head, seq). The register path's shared memory is static (<= 48 KB); the pipeline's is
+  // dynamic, above 48 KB (the launcher opts in with cudaFuncSetAttribute).
   static dim3 grid(const AttnParams& p) {
     if constexpr (kMode == Mode::kDecode)
       return dim3(p.num_kv_heads * p.blocks_per_kv_head, p.num_seqs, p.max_partitions);
@@ -66,7 +104,7 @@ struct AttnCfg {
       return dim3(p.num_m_blocks, p.num_q_heads, p.num_seqs);
   }
   static dim3 block() { return dim3(kThreads); }
-  static constexpr int dynamic_smem() { return 0; }
+  static constexpr int dynamic_smem() { return kPipe ? kPipeBytes : 0; }
 };
 
 // 16 fp8 bytes -> 8 registers of packed 16-bit QT values (exact).
@@ -94,7 +132,7 @@ PK_DEVICE int tok_col(int t) { return (t & ~15) | kperm(t & 15); }
 PK_DEVICE int vswz(int d) { return ((d >> 3) & 7) << 1; }
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads) attn_kernel(const AttnParams p) {
+__global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(const AttnParams p) {
   using QT = typename Cfg::QT;
   using KVT = typename Cfg::KVT;
   constexpr int D = Cfg::D, T = Cfg::T, NT = Cfg::kThreads, HT = Cfg::kHeadTiles;
@@ -104,7 +142,14 @@ __global__ void __launch_bounds__(Cfg::kThreads) attn_kernel(const AttnParams p)
 
   // Preconditions (host-checked): page_size a power of 2 >= 16; partition_size % T == 0; cache
   // base pointers 16-byte aligned and k/v strides multiples of EPV; q strides even.
-  __shared__ __align__(16) uint8_t smem[Cfg::kSmemBytes];
+  uint8_t* smem;
+  if constexpr (Cfg::kPipe) {
+    extern __shared__ __align__(16) uint8_t pk_dyn_smem[];  // (kStages, kStageElems) 16-bit
+    smem = pk_dyn_smem;
+  } else {
+    __shared__ __align__(16) uint8_t pk_tile_smem[Cfg::kSmemBytes];
+    smem = pk_tile_smem;
+  }
   __shared__ float red_m[Cfg::kWaves][16];
   __shared__ float red_l[Cfg::kWaves][16];
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);     // (T, KS)  K tile, row = token
@@ -295,15 +340,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) attn_kernel(const AttnParams p)
 #pragma unroll
   for (int n = 0; n < Cfg::kDTiles; ++n) zero(o[n]);
 
-  if (nchunks > 0) fetch(kbeg);
-  for (int ci = 0; ci < nchunks; ++ci) {
-    const int c0 = kbeg + ci * T;
-    // Phase 1: regs -> LDS (the barrier that ended the previous iteration freed the tile).
-    store(c0);
-    __syncthreads();
-    // Phase 2: prefetch the next tile while this one is consumed.
-    if (ci + 1 < nchunks) fetch(c0 + T);
-
+  // Phases 3-4 on one KV tile starting at key c0. kfrag(tb, kk): K operand (16 tokens from tile
+  // row tb, 16 d from 16 kk); vfrag(tb, n): V^T operand (16 d from 16 n, 16 tokens from tb).
+  auto consume = [&](const int c0, auto&& kfrag, auto&& vfrag) {
     if (wave_active) {
       // Phase 3: S = Q K^T over this wave's token tiles; mask; online softmax (exp2 domain).
       Acc s[Cfg::kTokTiles];  // (16 rows, 16 tokens) each
@@ -312,14 +351,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attn_kernel(const AttnParams p)
         const int tb = (ts * Cfg::kTokTiles + tt) * 16;
         zero(s[tt]);
 #pragma unroll
-        for (int kk = 0; kk < Cfg::kDTiles; ++kk) {
-          Frag kf;  // (16 tokens, 16 d)
-#pragma unroll
-          for (int r = 0; r < kFragRegs; ++r)
-            kf.r[r] = *reinterpret_cast<const uint32_t*>(
-                Ks + (tb + frag_row(lane, r)) * KS + 16 * kk + frag_k(lane, r));
-          mma_nt<QT>(s[tt], qf[kk], kf);
-        }
+        for (int kk = 0; kk < Cfg::kDTiles; ++kk) mma_nt<QT>(s[tt], qf[kk], kfrag(tb, kk));
       }
       float mx[kRows];
 #pragma unroll
@@ -361,20 +393,120 @@ __global__ void __launch_bounds__(Cfg::kThreads) attn_kernel(const AttnParams p)
 #pragma unroll
         for (int i = 0; i < kAccSlots; ++i) o[n].v[i] *= corr[acc_row(i)];
 #pragma unroll
-        for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
-          const int tb = (ts * Cfg::kTokTiles + tt) * 16;
-          Frag vf;  // (16 d, 16 tokens), token order matches pf via tok_col
-#pragma unroll
-          for (int r = 0; r < kFragRegs; ++r) {
-            const int d = 16 * n + frag_row(lane, r);
-            vf.r[r] = *reinterpret_cast<const uint32_t*>(
-                Vs + d * VS + ((tb + frag_k(lane, r)) ^ vswz(d)));
-          }
-          mma_nt<QT>(o[n], pf[tt], vf);
-        }
+        for (int tt = 0; tt < Cfg::kTokTiles; ++tt)
+          mma_nt<QT>(o[n], pf[tt], vfrag((ts * Cfg::kTokTiles + tt) * 16, n));
       }
     }
-    __syncthreads();
+  };
+
+#if PK_PIPE_ENABLED
+  if constexpr (Cfg::kPipe) {
+    // ---- cp.async pipeline: stage (ci % kStages) holds tile ci ------------------------------
+    constexpr int NS = Cfg::kStages, SE = Cfg::kStageElems, VTS = Cfg::kVtStride;
+    constexpr int VPR = D / 8;      // 16-byte vectors per K/V row
+    constexpr int RPU = NT / VPR;   // rows one pass of the block covers
+    constexpr int TVR = T / 8;      // hcu: 16-byte token vectors per V^T row
+    constexpr int DPU = NT / TVR;   // hcu: V^T rows one pass covers
+    static_assert(NT % VPR == 0 && Cfg::kUnits * RPU == T, "K/V copies cover the tile once");
+    static_assert(NT % TVR == 0 && Cfg::kUnits * DPU == D, "V^T copies cover the tile once");
+    const int lg_page = __ffs(page) - 1;
+    const int vec = tid % VPR, row0 = tid / VPR;      // this thread's column / first row
+    const int tv0 = (tid % TVR) * 8, drow0 = tid / TVR;  // hcu: its token vector / first d row
+
+    // Copy tile ci (keys kbeg + ci*T ..) into stage `st`; keys past ctx become zeros (their
+    // memory, possibly poisoned, and their table entries are never read).
+    auto issue = [&](int ci, int st) {
+      const int c0 = kbeg + ci * T;
+      uint16_t* ks = Ks + st * SE;       // (T, KS)
+      uint16_t* vs = ks + T * KS;        // (T, KS), hcu (D, VTS)
+#pragma unroll
+      for (int u = 0; u < Cfg::kUnits; ++u) {
+        const int row = u * RPU + row0, tok = c0 + row;
+        const bool ok = tok < ctx;
+        const int64_t blk = ok ? table[tok >> lg_page] : 0;
+        const int64_t off = tok & (page - 1);
+        const char* ksrc = ok ? kb + (blk * p.k_stride_block + off * p.k_stride_token + vec * 8) * 2 : kb;
+        cp_async16(ks + row * KS + vec * 8, ksrc, ok ? 16 : 0);
+        if constexpr (!Cfg::kVTrans) {
+          const char* vsrc =
+              ok ? vb + (blk * p.v_stride_block + off * p.v_stride_token + vec * 8) * 2 : vb;
+          cp_async16(vs + row * KS + vec * 8, vsrc, ok ? 16 : 0);
+        }
+      }
+      if constexpr (Cfg::kVTrans) {  // 8 tokens of one d: contiguous, within one page
+        const int tok = c0 + tv0;
+        const bool ok = tok < ctx;
+        const int64_t blk = ok ? table[tok >> lg_page] : 0;
+        const int64_t base = blk * p.v_stride_block + (tok & (page - 1)) * p.v_stride_token;
+        const int nbytes = ok ? min(16, 2 * (ctx - tok)) : 0;  // partial vector: zero the tail
+#pragma unroll
+        for (int u = 0; u < Cfg::kUnits; ++u) {
+          const int d = u * DPU + drow0;
+          cp_async16(vs + d * VTS + tv0, ok ? vb + (base + d * p.v_stride_dim) * 2 : vb, nbytes);
+        }
+      }
+    };
+
+    // Prologue: tiles 0 .. NS-2 in flight. Every iteration commits one group (possibly empty),
+    // so "group ci complete" is always wait_group<NS-2> after NS-1+ci commits.
+#pragma unroll
+    for (int i = 0; i < NS - 1; ++i) {
+      if (i < nchunks) issue(i, i);
+      cp_async_commit();
+    }
+    int rd = 0, wr = NS - 1;  // stage of tile ci, stage of tile ci + NS - 1
+    for (int ci = 0; ci < nchunks; ++ci) {
+      cp_async_wait<NS - 2>();  // this thread's copies of tile ci have landed
+      // Everyone's copies of tile ci are visible, and everyone has finished tile ci-1, whose
+      // stage (wr) is refilled next.
+      __syncthreads();
+      if (ci + NS - 1 < nchunks) issue(ci + NS - 1, wr);
+      cp_async_commit();
+      const uint16_t* ks = Ks + rd * SE;
+      const uint16_t* vs = ks + T * KS;
+      consume(
+          kbeg + ci * T,
+          [&](int tb, int kk) { return ldsm_rows(ks + tb * KS + 16 * kk, KS, lane); },
+          [&](int tb, int n) {
+            if constexpr (Cfg::kVTrans) return ldsm_rows(vs + 16 * n * VTS + tb, VTS, lane);
+            else return ldsm_cols(vs + tb * KS + 16 * n, KS, lane);
+          });
+      rd = rd + 1 == NS ? 0 : rd + 1;
+      wr = wr + 1 == NS ? 0 : wr + 1;
+    }
+    cp_async_wait<0>();  // only empty groups remain; the merge below may reuse the stages
+  } else
+#endif
+  {
+    // ---- register path: tile ci+1 prefetched global -> regs while tile ci is consumed ------
+    auto kfrag = [&](int tb, int kk) {
+      Frag kf;  // (16 tokens, 16 d)
+#pragma unroll
+      for (int r = 0; r < kFragRegs; ++r)
+        kf.r[r] = *reinterpret_cast<const uint32_t*>(Ks + (tb + frag_row(lane, r)) * KS + 16 * kk +
+                                                     frag_k(lane, r));
+      return kf;
+    };
+    auto vfrag = [&](int tb, int n) {
+      Frag vf;  // (16 d, 16 tokens), token order matches pf via tok_col
+#pragma unroll
+      for (int r = 0; r < kFragRegs; ++r) {
+        const int d = 16 * n + frag_row(lane, r);
+        vf.r[r] = *reinterpret_cast<const uint32_t*>(Vs + d * VS + ((tb + frag_k(lane, r)) ^ vswz(d)));
+      }
+      return vf;
+    };
+    if (nchunks > 0) fetch(kbeg);
+    for (int ci = 0; ci < nchunks; ++ci) {
+      const int c0 = kbeg + ci * T;
+      // Phase 1: regs -> LDS (the barrier that ended the previous iteration freed the tile).
+      store(c0);
+      __syncthreads();
+      // Phase 2: prefetch the next tile while this one is consumed.
+      if (ci + 1 < nchunks) fetch(c0 + T);
+      consume(c0, kfrag, vfrag);
+      __syncthreads();
+    }
   }
 
   // ---- Merge the token slices of each row tile through LDS ------------------------------------

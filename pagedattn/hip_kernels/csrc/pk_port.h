@@ -41,6 +41,14 @@
 
 #define PK_DEVICE __device__ __forceinline__
 
+// __launch_bounds__(threads, min blocks per SM) on NVIDIA. HIP lowers the second argument to a
+// waves-per-EU hint of another meaning (HIP.md §1.2), so AMD gets the first one only.
+#if defined(PK_HIP)
+#define PK_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
+#else
+#define PK_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
+#endif
+
 namespace pk {
 
 #if defined(PK_HIP)

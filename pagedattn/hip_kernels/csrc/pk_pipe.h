@@ -1,0 +1,58 @@
+// pk_pipe.h: NVIDIA-only pieces of the pipelined decode path (attn_kernel.cuh,
+// PK_DECODE_PIPELINE): 16-byte cp.async copies global -> shared with zero fill, their commit/wait
+// groups, and ldmatrix reads of sm80 operand fragments (pk_mma.h lane map) from shared memory.
+// PTX semantics: PTX ISA "cp.async", "cp.async.wait_group", "ldmatrix".
+#pragma once
+
+#include "pk_mma.h"
+
+#if defined(PK_CUDA)
+namespace pk {
+
+PK_DEVICE uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// dst[0, 16) = src[0, nbytes) followed by zeros; nbytes == 0 reads nothing (src only needs to be
+// a valid global address). .cg: cached in L2 only, the KV stream is read once.
+PK_DEVICE void cp_async16(void* dst, const void* src, int nbytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(nbytes)
+               : "memory");
+}
+PK_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Wait until at most N of this thread's committed groups are still in flight. The copies become
+// visible to other threads only after a barrier.
+template <int N>
+PK_DEVICE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ldmatrix .x4: lane L supplies the address of row L%8 of 8x8 matrix L/8, and matrix j lands in
+// register j, lane l holding (row l/4, columns 2(l%4), 2(l%4)+1) of it (.trans: of its transpose).
+// Register r of an sm80 operand fragment holds (row l/4 + 8(r&1), k 2(l%4) + 8(r>>1) + {0,1}), so
+// matrix r is rows 8(r&1)..+7 x k 8(r>>1)..+7 of the 16x16 operand.
+
+// Operand (16 rows, 16 k) of a tile stored [row][k] (k contiguous), `ld` elements per row.
+PK_DEVICE Frag ldsm_rows(const uint16_t* tile, int ld, int lane) {
+  const uint16_t* a = tile + ((lane & 7) + 8 * ((lane >> 3) & 1)) * ld + 8 * (lane >> 4);
+  Frag f;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
+               : "r"(smem_u32(a)));
+  return f;
+}
+
+// Operand (16 rows, 16 k) of a tile stored [k][row] (rows contiguous): the transposing read.
+// Matrix j is k 8(j>>1)..+7 (memory rows) x rows 8(j&1)..+7 (memory columns).
+PK_DEVICE Frag ldsm_cols(const uint16_t* tile, int ld, int lane) {
+  const uint16_t* a = tile + (8 * (lane >> 4) + (lane & 7)) * ld + 8 * ((lane >> 3) & 1);
+  Frag f;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
+               : "r"(smem_u32(a)));
+  return f;
+}
+
+}  // namespace pk
+#endif
