@@ -226,37 +226,6 @@ def test_split_programs_owning_several_partitions_bitwise(device, mode_guard, mo
     _check(b, q, one, one_lse, lens, 1, torch.float32, **o)
 
 
-@pytest.mark.parametrize("ppp,kvd", [("1", torch.float32), ("3", torch.float8_e4m3fn)],
-                         ids=["fp32-ppp1", "e4m3-ppp3"])
-def test_fused_merge_bitwise_and_counters_reset(device, mode_guard, monkeypatch, ppp, kvd):
-    """PAGEDATTN_DECODE_MERGE=fused: the last split program of each (sequence, KV head) merges
-    every parked partition (more than one 16-partition group, a ragged last group, a window,
-    one-partition sequences, q_len 2 with a 3-head group: 6 rows, padded to 8), bit
-    for bit as the one-pass loop and the combine kernel; the arrival counters are zero after
-    each launch, so a second launch (a graph replay) gives the same bits."""
-    gen = torch.Generator().manual_seed(29)
-    lens = [530, 2, 9, 300]  # 34, 1, 1 and 19 partitions of 16
-    b = make_paged_batch(lens, num_kv_heads=2, head_dim=32, block_size=16, layout="bshd",
-                         dtype=kvd, device=device, gen=gen)
-    q = torch.randn(4, 2, 6, 32, generator=gen).to(device=device)
-    o = dict(sliding_window=500, sinks=torch.randn(6, device=device), logit_cap=2.5)
-    one, one_lse = _decode(b, q, mode="one_pass", partition_size=16, return_lse=True, **o)
-    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
-    kern, kern_lse = _decode(b, q, mode="split", partition_size=16, return_lse=True, **o)
-    for merge in ("fused", "fused", "fused,4,2"):  # the default knobs twice; 4 per load
-        monkeypatch.setenv("PAGEDATTN_DECODE_MERGE", merge)
-        out, lse = _decode(b, q, mode="split", partition_size=16, return_lse=True, **o)
-        assert torch.equal(out, one) and torch.equal(lse, one_lse)
-        assert torch.equal(out, kern) and torch.equal(lse, kern_lse)
-        cnt = PD._COUNTERS[str(out.device)][-1][0]
-        assert int(cnt.abs().sum()) == 0, "arrival counters not reset"
-    _check(b, q, one, one_lse, lens, 2, tol_key(torch.float32, kvd), **o)
-    for bad in ("nope", "fused,0,2", "fused,3,2", "fused,2", "kernel,1,1"):
-        monkeypatch.setenv("PAGEDATTN_DECODE_MERGE", bad)
-        with pytest.raises(ValueError, match="PAGEDATTN_DECODE_MERGE"):
-            _decode(b, q, mode="split", partition_size=16)
-
-
 def test_parts_per_program_rejects_bad_values(device, monkeypatch):
     monkeypatch.setenv("PAGEDATTN_DECODE_PPP", "0")
     with pytest.raises(ValueError, match="PAGEDATTN_DECODE_PPP"):
@@ -327,30 +296,6 @@ def test_gpu_random_grid(seed, device, mode_guard):
         out, lse = _decode(b, q, mode=mode, partition_size=rng.choice([None, 64, 256]),
                            return_lse=True, **o)
         _check(b, q, out, lse, lens, q_len, tol_key(qd, kvd), **o)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("ppp", ["1", "auto"])
-def test_gpu_fused_merge_races(device, mode_guard, monkeypatch, ppp):
-    """The fused merge under real contention: thousands of split programs finish in any order;
-    whichever is last merges. Ten launches: every one bit-equal to the one-pass launch and the
-    combine kernel (a stale read or a counter left non-zero would show)."""
-    gen = torch.Generator().manual_seed(31)
-    lens = [32768, 8192, 5001, 1, 700] * 3
-    b = make_paged_batch(lens, num_kv_heads=8, head_dim=128, block_size=16, layout="bhsd",
-                         dtype=torch.bfloat16, device=device, gen=gen)
-    q = torch.randn(len(lens), 32, 128, generator=gen).to(device=device, dtype=torch.bfloat16)
-    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
-    for part in (512, 64):
-        one, one_lse = _decode(b, q, mode="one_pass", partition_size=part, return_lse=True)
-        monkeypatch.setenv("PAGEDATTN_DECODE_MERGE", "kernel")
-        kern, kern_lse = _decode(b, q, mode="split", partition_size=part, return_lse=True)
-        assert torch.equal(kern, one) and torch.equal(kern_lse, one_lse)
-        monkeypatch.setenv("PAGEDATTN_DECODE_MERGE", "fused")
-        for _ in range(10):
-            out, lse = _decode(b, q, mode="split", partition_size=part, return_lse=True)
-            assert torch.equal(out, one) and torch.equal(lse, one_lse), f"partition {part}"
-    _check(b, q, one, one_lse, lens, 1, torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -22,7 +22,7 @@ from triton.compiler import ASTSource
 from pagedattn.triton_kernels import decode as D
 from pagedattn.triton_kernels.decode import _combine_kernel, _decode_kernel
 
-INT_PTRS = ("block_table_ptr", "seq_lens_ptr", "cnt_ptr")
+INT_PTRS = ("block_table_ptr", "seq_lens_ptr")
 DATA_PTRS = ("q_ptr", "k_ptr", "v_ptr", "out_ptr")
 
 
@@ -49,13 +49,10 @@ bs = int(sys.argv[1])
 common = dict(G=4, R=4, D=128, BLOCK_D=128, HAS_SINK=False, HAS_KV_SCALE=False,
               RETURN_LSE=True)
 bn, warps, stages = D._CONFIGS["nvidia"][(128, 16)]  # the launcher's tiles for 32/8, D 128
-for one_pass, multi, fused in ((False, False, False), (True, False, False), (False, True, False),
-                               (False, False, True), (False, True, True)):
+for one_pass, multi in ((False, False), (True, False), (False, True)):
     k = compile_one(_decode_kernel, dict(
         common, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, BLOCK_M=16,
-        BLOCK_N=bn, PART=512, ONE_BLOCK=bs % bn == 0, ONE_PASS=one_pass, MULTI=multi,
-        FUSED=fused, RP=4, UNROLL=D.FUSED_MERGE[0], M_STAGES=D.FUSED_MERGE[1],
-        CAUSAL=False,
+        BLOCK_N=bn, PART=512, ONE_BLOCK=bs % bn == 0, ONE_PASS=one_pass, MULTI=multi, CAUSAL=False,
         HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False, IEEE=False), ("scale", "cap"),
         num_warps=warps, num_stages=stages)
     waits = [int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", k.asm["ttgir"])]

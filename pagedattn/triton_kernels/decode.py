@@ -84,42 +84,6 @@ def _park(ws_ml_ptr, ws_o_ptr, row, row_ok, m, l, acc, d, d_mask, D: tl.constexp
 
 
 @triton.jit
-def _merge_parked(ws_ml_ptr, ws_o_ptr, row0, n_parts, R: tl.constexpr, D: tl.constexpr,
-                  RP: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr,
-                  STAGES: tl.constexpr):
-    """Fold the parked states of rows [0, R) of one (sequence, KV head) over partitions
-    [0, n_parts) in partition order with :func:`_merge` itself (so the same bits as the one-pass
-    loop and the combine kernel). UNROLL partitions per load ([UNROLL, RP, BLOCK_D]), STAGES - 1
-    groups in flight (sm_90, triton 3.6, 2 x 8: 6 groups, no registers or shared memory beyond
-    the decode loop's); each partition is pulled out of its group exactly (max with -inf, sums
-    with zeros). Loads bypass L1 (.cg): other programs of this launch wrote the states.
-    Returns (M [RP], L [RP], A [RP, BLOCK_D]); rows >= R stay neutral.
-    """
-    r = tl.arange(0, RP)
-    d = tl.arange(0, BLOCK_D)
-    u_idx = tl.arange(0, UNROLL)
-    big_m = tl.full((RP,), float("-inf"), tl.float32)
-    big_l = tl.zeros((RP,), tl.float32)
-    big_a = tl.zeros((RP, BLOCK_D), tl.float32)
-    for p0 in tl.range(0, n_parts, UNROLL, num_stages=STAGES):
-        pp = p0 + u_idx
-        ok = (pp < n_parts)[:, None] & (r < R)[None, :]  # [UNROLL, RP]
-        row = row0 + pp[:, None] * R + r[None, :]  # int64 workspace rows
-        m_g = tl.load(ws_ml_ptr + 2 * row, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        l_g = tl.load(ws_ml_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg")
-        acc_g = tl.load(ws_o_ptr + row[:, :, None] * D + d[None, None, :],
-                        mask=ok[:, :, None] & (d < D)[None, None, :], other=0.0,
-                        cache_modifier=".cg")
-        for u in tl.static_range(UNROLL):
-            sel = u_idx == u
-            m_u = tl.max(tl.where(sel[:, None], m_g, float("-inf")), axis=0)
-            l_u = tl.sum(tl.where(sel[:, None], l_g, 0.0), axis=0)
-            acc_u = tl.sum(tl.where(sel[:, None, None], acc_g, 0.0), axis=0)
-            big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_u, l_u, acc_u)
-    return big_m, big_l, big_a
-
-
-@triton.jit
 def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
             cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
             stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
@@ -234,7 +198,6 @@ def _decode_kernel(
         lse_ptr,  # float32 [B, LQ, Hq]
         ws_ml_ptr,  # float32 [B, Hkv, P, R, 2]: (m_p, l_p) per partition and row
         ws_o_ptr,  # float32 [B, Hkv, P, R, D]: acc_p (unnormalised)
-        cnt_ptr,  # int32 [B, Hkv] zeros (FUSED): programs of (s, h) done; reset by the last
         scale, cap, window, Hq, LQ, P, BT_W, PPP,
         stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
         stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
@@ -247,7 +210,6 @@ def _decode_kernel(
         K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, MULTI: tl.constexpr,
-        FUSED: tl.constexpr, RP: tl.constexpr, UNROLL: tl.constexpr, M_STAGES: tl.constexpr,
         CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
         HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
         RETURN_LSE: tl.constexpr, IEEE: tl.constexpr):
@@ -323,30 +285,8 @@ def _decode_kernel(
             o, lse2 = finalize_state(m, l, acc, sink2, HAS_SINK)
             _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok, d_mask, v_scale,
                         Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
-        else:
-            if not MULTI:  # park (m_p, l_p, acc_p) for the merge (MULTI parked in the loop)
-                _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, d, d_mask,
-                      D)
-            if FUSED:  # the last program of (s, h) to finish merges every partition
-                tl.debug_barrier()  # this program's parked stores precede its release below
-                cnt = cnt_ptr + s * tl.num_programs(0) + h
-                done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-                if done == (n_parts + PPP - 1) // PPP - 1:
-                    tl.store(cnt, 0)  # zero again for the next launch (stream order)
-                    big_m, big_l, big_a = _merge_parked(ws_ml_ptr, ws_o_ptr, ws_row0, n_parts,
-                                                        R, D, RP, BLOCK_D, UNROLL, M_STAGES)
-                    fr = tl.arange(0, RP)
-                    fr_ok = fr < R
-                    f_qi = fr // G
-                    f_qh = h * G + fr % G
-                    f_sink2 = tl.zeros((RP,), tl.float32)
-                    if HAS_SINK:
-                        f_sink2 = tl.load(sinks_ptr + f_qh, mask=fr_ok, other=0.0) \
-                            * 1.4426950408889634
-                    o, lse2 = finalize_state(big_m, big_l, big_a, f_sink2, HAS_SINK)
-                    _store_rows(out_ptr, lse_ptr, o, lse2, s, f_qi, f_qh, d, fr_ok, fr_ok,
-                                d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh,
-                                RETURN_LSE)
+        elif not MULTI:  # park (m_p, l_p, acc_p) for the combine (MULTI parked in the loop)
+            _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, d, d_mask, D)
 
 
 @triton.jit
@@ -461,51 +401,6 @@ MAX_ROWS = 256  # G * Lq rows per program
 # slower (cross-warp reductions). PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT]" overrides
 # (A/B runs); outputs are the same bits.
 SPLIT_COMBINE = (8, 1, 1)
-# How split partitions are merged: "kernel" (the combine launch above) or "fused" (the last
-# program of each (sequence, KV head) to finish merges, found by an atomic counter; no second
-# launch). PAGEDATTN_DECODE_MERGE overrides; outputs are the same bits either way.
-MERGE = "kernel"
-FUSED_MERGE = (2, 8)  # (partitions per load, pipeline stages) of the fused merge loop
-_COUNTERS = {}  # device -> [[int32 zeros, zeroed only inside a captured graph], ...]
-
-
-def _merge_mode():
-    """("kernel", None) or ("fused", (UNROLL, STAGES)): PAGEDATTN_DECODE_MERGE="kernel",
-    "fused" or "fused,UNROLL,STAGES" (A/B runs), else MERGE."""
-    raw = os.environ.get("PAGEDATTN_DECODE_MERGE") or MERGE
-    parts = raw.split(",")
-    try:
-        knobs = tuple(int(x) for x in parts[1:])
-    except ValueError:
-        knobs = ()
-    if parts[0] == "kernel" and len(parts) == 1:
-        return "kernel", None
-    if parts[0] == "fused" and len(parts) in (1, 3) and len(knobs) == len(parts) - 1 \
-            and all(k >= 1 for k in knobs) and (not knobs or knobs[0] & (knobs[0] - 1) == 0):
-        return "fused", knobs or FUSED_MERGE
-    raise ValueError(f"PAGEDATTN_DECODE_MERGE={raw!r}: expected kernel, fused or "
-                     "fused,UNROLL,STAGES (UNROLL a power of 2)")
-
-
-def _counters(device, n):
-    """n int32 zeros for the fused merge's arrival counters (one buffer per device).
-
-    The last program of each (sequence, KV head) resets its counter, so the buffer is zero
-    again when the launch ends and the next launch (stream order) reuses it. Two decode
-    launches running at once on one device (two streams) would share it: such engines set
-    PAGEDATTN_DECODE_MERGE=kernel. A CUDA graph keeps the pointer it captured, so a buffer is
-    never freed (a larger one is added beside it); one first allocated during a capture is
-    zeroed by the graph only, so it is zeroed once more before its first eager use.
-    """
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    bufs = _COUNTERS.setdefault(str(device), [])
-    if not bufs or bufs[-1][0].numel() < n:
-        bufs.append([torch.zeros(max(n, 1024), dtype=torch.int32, device=device), capturing])
-    entry = bufs[-1]
-    if entry[1] and not capturing:
-        entry[0].zero_()
-        entry[1] = False
-    return entry[0]
 
 
 def _combine_config(block_d):
@@ -634,10 +529,6 @@ def run(call):
         ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, block_m, block_n, block_d,
                                  num_warps, num_stages, call.k_cache.element_size(), dev)
     grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
-    merge, knobs = _merge_mode()  # validated on every call: a bad value raises in any mode
-    fused = mode == "split" and n_part_max > 1 and merge == "fused"
-    m_unroll, m_stages = knobs if fused else (1, 1)
-    cnt = _counters(dev, nb * hkv) if fused else dummy
     _decode_kernel[grid](
         q_ptr=q4, k_ptr=call.k_cache, v_ptr=call.v_cache, block_table_ptr=call.block_table,
         seq_lens_ptr=call.seq_lens,
@@ -645,7 +536,7 @@ def run(call):
         v_scale_ptr=o.v_scale if has_kv_scale else dummy,
         slopes_ptr=o.alibi_slopes if o.alibi_slopes is not None else dummy,
         sinks_ptr=o.sinks if o.sinks is not None else dummy,
-        out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, cnt_ptr=cnt,
+        out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o,
         scale=float(o.scale), cap=float(o.logit_cap or 1.0),
         window=int(o.sliding_window or 0), Hq=hq, LQ=lq, P=n_part_max,
         BT_W=call.block_table.shape[1], PART=part,
@@ -658,13 +549,12 @@ def run(call):
         stride_vdl=vs.dim_lo,
         BS=bs, K_X=ks.x, K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1,
         BLOCK_N=block_n, ONE_BLOCK=one_block, ONE_PASS=mode == "one_pass", MULTI=ppp > 1,
-        PPP=ppp, FUSED=fused, RP=_next_pow2(rows), UNROLL=m_unroll, M_STAGES=m_stages,
-        CAUSAL=lq > 1,
+        PPP=ppp, CAUSAL=lq > 1,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
         BLOCK_M=block_m, num_warps=num_warps, num_stages=num_stages,
         **common)
-    if mode == "split" and n_part_max > 1 and not fused:
+    if mode == "split" and n_part_max > 1:
         c_unroll, c_warps, c_dsplit = _combine_config(block_d)
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
         _combine_kernel[(hkv, nb, rows * c_dsplit)](
