@@ -299,6 +299,27 @@ def test_gpu_random_grid(seed, device, mode_guard):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ppp", ["1", "auto"])
+def test_gpu_split_equals_one_pass_bitwise(device, mode_guard, monkeypatch, ppp):
+    """Real sizes (bf16, 32/8, D 128, thousands of split programs, partitions of 512 and 64):
+    the split launch + combine equals the one-pass launch bit for bit, whatever the number of
+    partitions per split program."""
+    gen = torch.Generator().manual_seed(31)
+    lens = [32768, 8192, 5001, 1, 700] * 3
+    b = make_paged_batch(lens, num_kv_heads=8, head_dim=128, block_size=16, layout="bhsd",
+                         dtype=torch.bfloat16, device=device, gen=gen)
+    q = torch.randn(len(lens), 32, 128, generator=gen).to(device=device, dtype=torch.bfloat16)
+    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
+    for part in (512, 64):
+        one, one_lse = _decode(b, q, mode="one_pass", partition_size=part, return_lse=True)
+        out, lse = _decode(b, q, mode="split", partition_size=part, return_lse=True)
+        bad = (out != one).any(-1).nonzero()[:5].tolist()
+        assert torch.equal(out, one), f"partition {part}: (seq, head) differing: {bad}"
+        assert torch.equal(lse, one_lse), f"partition {part}: lse"
+    _check(b, q, one, one_lse, lens, 1, torch.bfloat16)
+
+
+@pytest.mark.gpu
 def test_gpu_int32_overflow(device, mode_guard):
     """D5 / vLLM #47671: the last block's element offset exceeds 2^31; pages = the top ids."""
     bs, hkv, d = 16, 8, 128
