@@ -52,13 +52,18 @@ bn, warps, stages = D._CONFIGS["nvidia"][(128, 16)]  # the launcher's tiles for 
 for one_pass, multi in ((False, False), (True, False), (False, True)):
     k = compile_one(_decode_kernel, dict(
         common, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, BLOCK_M=16,
-        BLOCK_N=bn, PART=512, ONE_BLOCK=bs % bn == 0, ONE_PASS=one_pass, MULTI=multi, CAUSAL=False,
+        BLOCK_N=bn, PART=512, ONE_BLOCK=bs % bn == 0, ONE_PASS=one_pass, MULTI=multi,
+        PDL=not one_pass, CAUSAL=False,
         HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False, IEEE=False), ("scale", "cap"),
         num_warps=warps, num_stages=stages)
     waits = [int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", k.asm["ttgir"])]
     assert waits and max(waits) >= 1, f"K/V copies never overlap across tiles: waits {waits}"
-unroll, warps, dsplit = D.SPLIT_COMBINE
-compile_one(_combine_kernel, dict(common, UNROLL=unroll, DSPLIT=dsplit), (), num_warps=warps)
+unroll, warps, dsplit, c_stages = D.SPLIT_COMBINE
+k = compile_one(_combine_kernel, dict(common, UNROLL=unroll, DSPLIT=dsplit, C_STAGES=c_stages,
+                                      PDL=True), (), num_warps=warps)
+waits = [int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", k.asm["ttgir"])]
+assert waits and max(waits) >= 1, f"combine: state loads never overlap across groups: {waits}"
+assert "griddepcontrol.wait" in k.asm["ptx"]
 print("DECODE_COMPILES_OK")
 """
 

@@ -37,6 +37,11 @@ from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels._common import (LN2, LOG2E, alibi_bias, finalize_state, kv_offset,
                                               online_softmax_step, soft_cap, visible)
 
+try:  # grid dependency control (programmatic dependent launch), NVIDIA sm_90+
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # older triton: PDL stays off (_pdl), the names are never traced
+    gdc_launch_dependents = gdc_wait = None
+
 FORCE_MODE = None  # tests/bench: "one_pass" | "split" | None (rule); env PAGEDATTN_DECODE_MODE
 
 
@@ -210,11 +215,13 @@ def _decode_kernel(
         K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, MULTI: tl.constexpr,
-        CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
+        PDL: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
         HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
         RETURN_LSE: tl.constexpr, IEEE: tl.constexpr):
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
+    if PDL:  # the combine launch may start now; it waits for this grid before reading
+        gdc_launch_dependents()
     h = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
@@ -303,6 +310,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
                     G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
                     BLOCK_D: tl.constexpr, UNROLL: tl.constexpr, DSPLIT: tl.constexpr,
+                    C_STAGES: tl.constexpr, PDL: tl.constexpr,
                     HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
                     RETURN_LSE: tl.constexpr):
     """Merge the partition states of one output row in partition order (:func:`_merge`, the
@@ -317,7 +325,11 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     A' = A a + acc b stay a chain (two FMA-deep per partition). Same values as :func:`_merge`
     step by step: max is exact in any order, the exp2 arguments are the same numbers, the FMAs
     are explicit. Cost on the H200 (session 3): ~2.3 us + ~0.09 us per partition, the same for
-    every group size, column split and formulation tried (bench/NOTES.md, lever 2).
+    every group size, column split and formulation tried (bench/NOTES.md, lever 2): the group
+    loop was not pipelined (one round trip per group). C_STAGES > 1 keeps C_STAGES - 1 groups
+    in flight. PDL (NVIDIA sm_90+): launched as a programmatic dependent of the decode kernel,
+    the program starts while the decode grid drains and waits (griddepcontrol.wait) only
+    before its first workspace read; seq_lens is an input, safe to read before.
     """
     h = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
@@ -325,6 +337,8 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     dc = tl.program_id(2) % DSPLIT
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
+    if PDL:
+        gdc_wait()  # every write of the decode grid is visible past this point
     if n_parts > 1:
         BLOCK_DC: tl.constexpr = BLOCK_D // DSPLIT
         d = dc * BLOCK_DC + tl.arange(0, BLOCK_DC)
@@ -337,7 +351,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         big_l = tl.zeros((1,), tl.float32)
         big_a = tl.zeros((1, BLOCK_DC), tl.float32)
         u_idx = tl.arange(0, UNROLL)
-        for p0 in range(0, n_parts, UNROLL):
+        for p0 in tl.range(0, n_parts, UNROLL, num_stages=C_STAGES):
             # the scalars of _merge for the whole group at once: running maxima by a cumulative
             # max (exact), then a_u = exp2(M_before - M_after), b_u = exp2(m_u - M_after)
             pp = p0 + u_idx
@@ -394,20 +408,31 @@ _CONFIGS = {
 }
 _TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
 MAX_ROWS = 256  # G * Lq rows per program
-# The split launch's combine kernel: (states per load, warps, column blocks per row). One warp
-# keeps a group's rows in each thread's registers (pulling a row out costs no shuffles). H200
-# profile of session 3 (decode_config_sweep.log): ~2.3 us + ~0.09 us per partition whatever the
-# group size (4-16), column split (1-8) or merge formulation; 32 states with 4 warps was 1.5x
-# slower (cross-warp reductions). PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT]" overrides
-# (A/B runs); outputs are the same bits.
-SPLIT_COMBINE = (8, 1, 1)
+# The split launch's combine kernel: (states per load, warps, column blocks per row, pipeline
+# stages of the group loop). One warp keeps a group's rows in each thread's registers (pulling
+# a row out costs no shuffles). H200 profile of session 3 (decode_config_sweep.log): ~2.3 us +
+# ~0.09 us per partition whatever the group size (4-16), column split (1-8) or merge
+# formulation (the loop was not pipelined: one round trip per group); 32 states with 4 warps was
+# 1.5x slower (cross-warp reductions). 6 stages: 5 groups in flight (sm_90, triton 3.6).
+# PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT[,STAGES]]" overrides (A/B runs); outputs are
+# the same bits. The combine is launched as a programmatic dependent (_pdl).
+SPLIT_COMBINE = (8, 1, 1, 6)
 
 
 def _combine_config(block_d):
     env = os.environ.get("PAGEDATTN_DECODE_COMBINE")
     cfg = tuple(int(x) for x in env.split(",")) if env else SPLIT_COMBINE
-    unroll, warps, dsplit = (cfg + (1,))[:3]
-    return unroll, warps, max(1, min(dsplit, block_d // 16))
+    unroll, warps, dsplit, stages = (cfg + SPLIT_COMBINE[len(cfg):])[:4]
+    return unroll, warps, max(1, min(dsplit, block_d // 16)), max(1, stages)
+
+
+def _pdl(device):
+    """Programmatic dependent launch of the combine (NVIDIA sm_90+; PAGEDATTN_DECODE_PDL=0 off)."""
+    if device.type != "cuda" or getattr(torch.version, "hip", None) or gdc_wait is None:
+        return False
+    if os.environ.get("PAGEDATTN_DECODE_PDL", "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _next_pow2(n):
@@ -529,6 +554,7 @@ def run(call):
         ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, block_m, block_n, block_d,
                                  num_warps, num_stages, call.k_cache.element_size(), dev)
     grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
+    pdl = mode == "split" and n_part_max > 1 and _pdl(dev)
     _decode_kernel[grid](
         q_ptr=q4, k_ptr=call.k_cache, v_ptr=call.v_cache, block_table_ptr=call.block_table,
         seq_lens_ptr=call.seq_lens,
@@ -549,18 +575,20 @@ def run(call):
         stride_vdl=vs.dim_lo,
         BS=bs, K_X=ks.x, K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1,
         BLOCK_N=block_n, ONE_BLOCK=one_block, ONE_PASS=mode == "one_pass", MULTI=ppp > 1,
+        PDL=pdl,
         PPP=ppp, CAUSAL=lq > 1,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
         BLOCK_M=block_m, num_warps=num_warps, num_stages=num_stages,
         **common)
     if mode == "split" and n_part_max > 1:
-        c_unroll, c_warps, c_dsplit = _combine_config(block_d)
+        c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d)
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
         _combine_kernel[(hkv, nb, rows * c_dsplit)](
             seq_lens_ptr=call.seq_lens, v_scale_ptr=o.v_scale if has_kv_scale else dummy,
             sinks_ptr=o.sinks if o.sinks is not None else dummy, out_ptr=out4, lse_ptr=lse,
             ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, Hq=hq, LQ=lq, P=n_part_max, PART=part,
             stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
-            UNROLL=c_unroll, DSPLIT=c_dsplit, num_warps=c_warps, **common)
+            UNROLL=c_unroll, DSPLIT=c_dsplit, C_STAGES=c_stages, PDL=pdl, num_warps=c_warps,
+            launch_pdl=pdl, **common)
     return lse.view(q.shape[:-1]) if call.return_lse else None
