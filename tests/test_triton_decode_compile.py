@@ -61,8 +61,6 @@ for one_pass, multi in ((False, False), (True, False), (False, True)):
 unroll, warps, dsplit, c_stages = D.SPLIT_COMBINE
 k = compile_one(_combine_kernel, dict(common, UNROLL=unroll, DSPLIT=dsplit, C_STAGES=c_stages,
                                       PDL=True), (), num_warps=warps)
-waits = [int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", k.asm["ttgir"])]
-assert waits and max(waits) >= 1, f"combine: state loads never overlap across groups: {waits}"
 assert "griddepcontrol.wait" in k.asm["ptx"]
 print("DECODE_COMPILES_OK")
 """

@@ -326,10 +326,10 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     step by step: max is exact in any order, the exp2 arguments are the same numbers, the FMAs
     are explicit. Cost on the H200 (session 3): ~2.3 us + ~0.09 us per partition, the same for
     every group size, column split and formulation tried (bench/NOTES.md, lever 2): the group
-    loop was not pipelined (one round trip per group). C_STAGES > 1 keeps C_STAGES - 1 groups
-    in flight. PDL (NVIDIA sm_90+): launched as a programmatic dependent of the decode kernel,
-    the program starts while the decode grid drains and waits (griddepcontrol.wait) only
-    before its first workspace read; seq_lens is an input, safe to read before.
+    loop is not pipelined (C_STAGES 1; more stages measured slower, see SPLIT_COMBINE).
+    PDL (NVIDIA sm_90+): launched as a programmatic dependent of the decode kernel, the
+    program starts while the decode grid drains and waits (griddepcontrol.wait) only before
+    its first workspace read; seq_lens is an input, safe to read before.
     """
     h = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
@@ -412,11 +412,12 @@ MAX_ROWS = 256  # G * Lq rows per program
 # stages of the group loop). One warp keeps a group's rows in each thread's registers (pulling
 # a row out costs no shuffles). H200 profile of session 3 (decode_config_sweep.log): ~2.3 us +
 # ~0.09 us per partition whatever the group size (4-16), column split (1-8) or merge
-# formulation (the loop was not pipelined: one round trip per group); 32 states with 4 warps was
-# 1.5x slower (cross-warp reductions). 6 stages: 5 groups in flight (sm_90, triton 3.6).
-# PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT[,STAGES]]" overrides (A/B runs); outputs are
-# the same bits. The combine is launched as a programmatic dependent (_pdl).
-SPLIT_COMBINE = (8, 1, 1, 6)
+# formulation; 32 states with 4 warps was 1.5x slower (cross-warp reductions). Pipelining the
+# group loop (STAGES > 1: 3-7 groups in flight) made it slower (session 4, (1, 32768) 32/8: 44.1
+# us at 1 stage, 45.4-46.1 at 6-8, combine_sweep.log); launching it as a programmatic
+# dependent (_pdl) saved 0.4-0.7 us. PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT[,STAGES]]"
+# overrides (A/B runs); outputs are the same bits.
+SPLIT_COMBINE = (8, 1, 1, 1)
 
 
 def _combine_config(block_d):
