@@ -4,7 +4,8 @@ No GPU and no torch headers: the kernels live in torch-free headers and
 csrc/compile_check/check_kernels.cu instantiates them (HIP.md §5.4). Each check compiles real
 device code for one target and skips, with the reason, when its compiler is missing:
 
-* nvcc (CUDA 13) for sm_80 and sm_90a;
+* nvcc (CUDA 13) for sm_80 and sm_90a (the 16-bit decode instantiations must not spill), and
+  sm_90a with the register-path fallback (-DPK_DECODE_PIPELINE=0);
 * Debian hipcc 5.2.3 (clang 15) for gfx90a (MFMA);
 * Debian clang-19 for gfx942 (MFMA; device-only, -nogpulib, assembly);
 * the Hygon MMAC branch, compiled for syntax through compile_check/mmac_shim.h on gfx90a: no
@@ -13,6 +14,7 @@ device code for one target and skips, with the reason, when its compiler is miss
 CI installs hipcc and clang-19 best-effort (.ci/run). Each check takes < 60 s on 2 cores.
 """
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -56,15 +58,62 @@ HIPCC = _find("hipcc")
 CLANG19 = _find("clang-19")
 
 
+def _ptxas_entries(stderr: str):
+    """{mangled entry name: (registers, spill store bytes)} from `-Xptxas -v` output."""
+    out = {}
+    for chunk in stderr.split("Compiling entry function '")[1:]:
+        name = chunk.split("'", 1)[0]
+        regs = re.search(r"Used (\d+) registers", chunk)
+        spill = re.search(r"(\d+) bytes spill stores", chunk)
+        out[name] = (int(regs.group(1)) if regs else -1, int(spill.group(1)) if spill else 0)
+    return out
+
+
+# 16-bit-cache decode instantiations (f16 q, f16 KV: Mode 0): the cp.async pipeline on NVIDIA.
+DECODE16 = re.compile(r"AttnCfgINS_3f16ES2_Li\d+ELi\d+ELb[01]ELNS_4ModeE0E")
+
+
+def _nvcc(arch, tmp_path, *extra):
+    code = arch.split("_")[1]
+    out = tmp_path / "check.o"
+    r, _ = _run([NVCC, "-std=c++17", "-O3", "--expt-relaxed-constexpr", *CUDA_DEFS, *extra,
+                 f"-gencode=arch=compute_{code},code={arch}", "-Xptxas", "-v", "-c",
+                 str(CHECK), "-o", str(out)], out)
+    return r
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_nvcc(arch, tmp_path):
-    code = arch.split("_")[1]
-    out = tmp_path / "check.o"
-    r, _ = _run([NVCC, "-std=c++17", "-O3", "--expt-relaxed-constexpr", *CUDA_DEFS,
-                 f"-gencode=arch=compute_{code},code={arch}", "-Xptxas", "-v", "-c",
-                 str(CHECK), "-o", str(out)], out)
+    r = _nvcc(arch, tmp_path)
     assert "mma" not in r.stderr.lower() or "error" not in r.stderr.lower()
+    decode = {n: v for n, v in _ptxas_entries(r.stderr).items() if DECODE16.search(n)}
+    assert len(decode) == 12, f"expected 12 f16 decode instantiations, got {sorted(decode)}"
+    # The pipelined decode keeps no register staging: no spills, and at most 255 registers
+    # (2 blocks of 128 threads per SM at D 128).
+    spilled = {n: v for n, v in decode.items() if v[1] > 0}
+    assert not spilled, f"decode instantiations spill: {spilled}"
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_nvcc_register_path_fallback(tmp_path):
+    """PK_DECODE_PIPELINE=0 (PAGEDATTN_HIP_DECODE_PIPELINE=0) still builds the register path."""
+    r = _nvcc("sm_90a", tmp_path, "-DPK_DECODE_PIPELINE=0")
+    assert len([n for n in _ptxas_entries(r.stderr) if DECODE16.search(n)]) == 12
+
+
+def test_build_switches(monkeypatch):
+    """Build switches become -D flags; anything but an integer is refused."""
+    build = pytest.importorskip("pagedattn.hip_kernels.build")
+    for env in build.BUILD_SWITCHES:
+        monkeypatch.delenv(env, raising=False)
+    assert build.switch_flags() == []
+    monkeypatch.setenv("PAGEDATTN_HIP_DECODE_PIPELINE", "0")
+    monkeypatch.setenv("PAGEDATTN_HIP_DECODE_STAGES", "2")
+    assert build.switch_flags() == ["-DPK_DECODE_PIPELINE=0", "-DPK_DECODE_STAGES=2"]
+    monkeypatch.setenv("PAGEDATTN_HIP_DECODE_STAGES", "two")
+    with pytest.raises(ValueError, match="PAGEDATTN_HIP_DECODE_STAGES"):
+        build.switch_flags()
 
 
 def _hipcc_cmd(tmp_path, *extra):

@@ -6,6 +6,15 @@ the originals* (HIP.md §1.3), and an install directory may be read-only. The ha
 sources, torch's version, the toolkit version and the target arch, so a stale build is never
 loaded. The first build takes minutes (six kernel translation units compile in parallel);
 later processes only re-link-check with ninja and load the library.
+
+Build switches (environment, read at build time; each combination is its own cached build):
+
+* ``PAGEDATTN_HIP_DECODE_PIPELINE=0``: NVIDIA decode falls back to the register-prefetch path
+  (``-DPK_DECODE_PIPELINE=0``); default 1, the cp.async pipeline for 16-bit caches.
+* ``PAGEDATTN_HIP_DECODE_STAGES=N``: pipeline depth (``-DPK_DECODE_STAGES=N``). Default 3 on
+  sm_90/sm_100 (104 KB of shared memory per block, 2 blocks per SM), 2 elsewhere (70 KB: fits
+  the 99 KB per-block limit of sm_86/89/120).
+* ``PAGEDATTN_HIP_CP_ASYNC_L2=0|64|128|256``: L2 prefetch-size hint of the copies (default 0).
 """
 import hashlib
 import os
@@ -47,6 +56,26 @@ def arch_flags(arch: str):
     mm = arch.split("_")[1]
     code = f"{mm}a" if mm == "90" else mm  # sm_90a on Hopper; the kernels need only sm_80+
     return [f"-gencode=arch=compute_{code},code=sm_{code}"], {}
+
+
+BUILD_SWITCHES = {  # environment variable -> macro (NVIDIA decode pipeline; no-ops elsewhere)
+    "PAGEDATTN_HIP_DECODE_PIPELINE": "PK_DECODE_PIPELINE",
+    "PAGEDATTN_HIP_DECODE_STAGES": "PK_DECODE_STAGES",
+    "PAGEDATTN_HIP_CP_ASYNC_L2": "PK_CP_ASYNC_L2",
+}
+
+
+def switch_flags():
+    """-D flags for the build switches set in the environment (integers only)."""
+    flags = []
+    for env, macro in BUILD_SWITCHES.items():
+        v = os.environ.get(env, "").strip()
+        if not v:
+            continue
+        if not v.isdigit():
+            raise ValueError(f"{env} must be a non-negative integer, got {v!r}")
+        flags.append(f"-D{macro}={int(v)}")
+    return flags
 
 
 def cache_root() -> Path:
@@ -92,6 +121,10 @@ def load(verbose: bool = None):
 
     arch = device_arch()
     aflags, env = arch_flags(arch)
+    aflags = aflags + switch_flags()
+    if not is_rocm() and "PAGEDATTN_HIP_DECODE_STAGES" not in os.environ and \
+            arch not in ("sm_90", "sm_100", "sm_103"):
+        aflags.append("-DPK_DECODE_STAGES=2")
     os.environ.update(env)
     tag = source_hash(aflags)
     root = cache_root() / f"hip-{tag}"

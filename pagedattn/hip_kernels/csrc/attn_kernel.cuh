@@ -80,10 +80,10 @@ struct AttnCfg {
   static constexpr int kPipeBytes =
       kStages * kStageElems * 2 > kRedBytes ? kStages * kStageElems * 2 : kRedBytes;
   // Blocks per SM the shared memory allows (228 KB per SM, 1 KB reserved per block), capped so
-  // that the register limit it implies (64K / (128 * blocks)) causes no spills: 4 (D 64) spills
-  // with 4 row tiles, 3 does not.
+  // that the register limit it implies (64K / (128 * blocks)) causes no spills: with 4 row
+  // tiles, D 64 spills at 4 blocks (128 registers), D 128 at 3 (168).
   static constexpr int kPipeBlocks = 228 * 1024 / (kPipeBytes + 2 * 1024);
-  static constexpr int kBlockCap = kHeadTiles == 4 ? 3 : 4;
+  static constexpr int kBlockCap = kHeadTiles < 4 ? 4 : D == 128 ? 2 : 3;
   static constexpr int kMinBlocks = !kPipe ? 1 : kPipeBlocks > kBlockCap ? kBlockCap : kPipeBlocks;
 
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
@@ -409,46 +409,70 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
     constexpr int DPU = NT / TVR;   // hcu: V^T rows one pass covers
     static_assert(NT % VPR == 0 && Cfg::kUnits * RPU == T, "K/V copies cover the tile once");
     static_assert(NT % TVR == 0 && Cfg::kUnits * DPU == D, "V^T copies cover the tile once");
-    const int lg_page = __ffs(page) - 1;
-    const int vec = tid % VPR, row0 = tid / VPR;      // this thread's column / first row
+    const int lg_page = __ffs(page) - 1, pmask = page - 1;
+    const int vec = tid % VPR, row0 = tid / VPR;         // this thread's column / first row
     const int tv0 = (tid % TVR) * 8, drow0 = tid / TVR;  // hcu: its token vector / first d row
+    // Byte strides; in-page offsets fit 32 bits, the page term is 64-bit.
+    const uint64_t ksb = p.k_stride_block * 2, vsb = p.v_stride_block * 2;
+    const int kst = int(p.k_stride_token) * 2, vst = int(p.v_stride_token) * 2;
+    const int vsd = int(p.v_stride_dim) * 2;
 
-    // Copy tile ci (keys kbeg + ci*T ..) into stage `st`; keys past ctx become zeros (their
-    // memory, possibly poisoned, and their table entries are never read).
+    // Table entries of this thread's rows of the next tile to issue, loaded one issue ahead so
+    // that no copy waits on a table read. 0 for rows past ctx or the partition: their copies
+    // read nothing, and their (unused) source address stays inside block 0.
+    uint32_t nblk[Cfg::kUnits];  // K (and V) rows u * RPU + row0
+    uint32_t nvblk = 0;          // hcu V: the token vector tv0
+    const int* trow = table;
+    asm volatile("" : "+l"(trow));  // keep the row pointer in registers (no per-load rebuild)
+    auto load_blocks = [&](int ci) {
+      const int c0 = kbeg + ci * T;
+#pragma unroll
+      for (int u = 0; u < Cfg::kUnits; ++u) {
+        const int tok = c0 + u * RPU + row0;
+        nblk[u] = ci < nchunks && tok < ctx ? trow[tok >> lg_page] : 0;
+      }
+      if constexpr (Cfg::kVTrans) {
+        const int tok = c0 + tv0;
+        nvblk = ci < nchunks && tok < ctx ? trow[tok >> lg_page] : 0;
+      }
+    };
+
+    // Copy tile ci (keys kbeg + ci*T ..) into stage `st`, then read the table for tile ci+1.
+    // Keys past ctx become zeros (0 source bytes: their memory, possibly poisoned, and their
+    // table entries are never read). Tiles start at multiples of 64 and pages are powers of
+    // 2 >= 16, so a 16-byte vector never straddles a page.
     auto issue = [&](int ci, int st) {
       const int c0 = kbeg + ci * T;
-      uint16_t* ks = Ks + st * SE;       // (T, KS)
-      uint16_t* vs = ks + T * KS;        // (T, KS), hcu (D, VTS)
+      uint16_t* ks = Ks + st * SE;  // (T, KS)
+      uint16_t* vs = ks + T * KS;   // (T, KS), hcu (D, VTS)
 #pragma unroll
       for (int u = 0; u < Cfg::kUnits; ++u) {
         const int row = u * RPU + row0, tok = c0 + row;
         const bool ok = tok < ctx;
-        const int64_t blk = ok ? table[tok >> lg_page] : 0;
-        const int64_t off = tok & (page - 1);
-        const char* ksrc = ok ? kb + (blk * p.k_stride_block + off * p.k_stride_token + vec * 8) * 2 : kb;
-        cp_async16(ks + row * KS + vec * 8, ksrc, ok ? 16 : 0);
-        if constexpr (!Cfg::kVTrans) {
-          const char* vsrc =
-              ok ? vb + (blk * p.v_stride_block + off * p.v_stride_token + vec * 8) * 2 : vb;
-          cp_async16(vs + row * KS + vec * 8, vsrc, ok ? 16 : 0);
-        }
+        const int off = tok & pmask;
+        cp_async16(ks + row * KS + vec * 8, kb + nblk[u] * ksb + (off * kst + vec * 16),
+                   ok ? 16 : 0);
+        if constexpr (!Cfg::kVTrans)
+          cp_async16(vs + row * KS + vec * 8, vb + nblk[u] * vsb + (off * vst + vec * 16),
+                     ok ? 16 : 0);
       }
       if constexpr (Cfg::kVTrans) {  // 8 tokens of one d: contiguous, within one page
         const int tok = c0 + tv0;
         const bool ok = tok < ctx;
-        const int64_t blk = ok ? table[tok >> lg_page] : 0;
-        const int64_t base = blk * p.v_stride_block + (tok & (page - 1)) * p.v_stride_token;
+        const char* vsrc = vb + nvblk * vsb + (tok & pmask) * vst;
         const int nbytes = ok ? min(16, 2 * (ctx - tok)) : 0;  // partial vector: zero the tail
 #pragma unroll
         for (int u = 0; u < Cfg::kUnits; ++u) {
           const int d = u * DPU + drow0;
-          cp_async16(vs + d * VTS + tv0, ok ? vb + (base + d * p.v_stride_dim) * 2 : vb, nbytes);
+          cp_async16(vs + d * VTS + tv0, vsrc + d * vsd, nbytes);
         }
       }
+      load_blocks(ci + 1);
     };
 
     // Prologue: tiles 0 .. NS-2 in flight. Every iteration commits one group (possibly empty),
     // so "group ci complete" is always wait_group<NS-2> after NS-1+ci commits.
+    load_blocks(0);
 #pragma unroll
     for (int i = 0; i < NS - 1; ++i) {
       if (i < nchunks) issue(i, i);
