@@ -5,7 +5,7 @@ csrc/compile_check/check_kernels.cu instantiates them (HIP.md §5.4). Each check
 device code for one target and skips, with the reason, when its compiler is missing:
 
 * nvcc (CUDA 13) for sm_80 and sm_90a (the 16-bit decode instantiations must not spill), and
-  sm_90a with the register-path fallback (-DPK_DECODE_PIPELINE=0);
+  sm_90a with the register-path fallback (-DPK_DECODE_PIPELINE=0) and the small-tile variant;
 * Debian hipcc 5.2.3 (clang 15) for gfx90a (MFMA);
 * Debian clang-19 for gfx942 (MFMA; device-only, -nogpulib, assembly);
 * the Hygon MMAC branch, compiled for syntax through compile_check/mmac_shim.h on gfx90a: no
@@ -96,10 +96,15 @@ def test_nvcc(arch, tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-def test_nvcc_register_path_fallback(tmp_path):
-    """PK_DECODE_PIPELINE=0 (PAGEDATTN_HIP_DECODE_PIPELINE=0) still builds the register path."""
-    r = _nvcc("sm_90a", tmp_path, "-DPK_DECODE_PIPELINE=0")
-    assert len([n for n in _ptxas_entries(r.stderr) if DECODE16.search(n)]) == 12
+@pytest.mark.parametrize("switch", ["-DPK_DECODE_PIPELINE=0", "-DPK_DECODE_SMALL_TILE=1"])
+def test_nvcc_build_switch_variants(switch, tmp_path):
+    """The register-path fallback (PAGEDATTN_HIP_DECODE_PIPELINE=0) and the 2-wave 32-token
+    pipeline (PAGEDATTN_HIP_DECODE_SMALL_TILE=1, no spills) still build for sm_90a."""
+    r = _nvcc("sm_90a", tmp_path, switch)
+    decode = {n: v for n, v in _ptxas_entries(r.stderr).items() if DECODE16.search(n)}
+    assert len(decode) == 12
+    if "SMALL_TILE" in switch:
+        assert not {n: v for n, v in decode.items() if v[1] > 0}, "small-tile decode spills"
 
 
 def test_build_switches(monkeypatch):

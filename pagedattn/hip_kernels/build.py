@@ -14,7 +14,10 @@ Build switches (environment, read at build time; each combination is its own cac
 * ``PAGEDATTN_HIP_DECODE_STAGES=N``: pipeline depth (``-DPK_DECODE_STAGES=N``). Default 3 on
   sm_90/sm_100 (104 KB of shared memory per block, 2 blocks per SM), 2 elsewhere (70 KB: fits
   the 99 KB per-block limit of sm_86/89/120).
-* ``PAGEDATTN_HIP_CP_ASYNC_L2=0|64|128|256``: L2 prefetch-size hint of the copies (default 0).
+* ``PAGEDATTN_HIP_CP_ASYNC_L2=0|64|128|256``: L2 prefetch-size hint of the copies (default 0;
+  256 measured no better on the H200).
+* ``PAGEDATTN_HIP_DECODE_SMALL_TILE=1``: experimental, not yet run on a GPU: groups of <= 16
+  heads use 2-warp blocks on 32-token tiles (52 KB, 4 blocks per SM) instead of 4 warps on 64.
 """
 import hashlib
 import os
@@ -62,6 +65,7 @@ BUILD_SWITCHES = {  # environment variable -> macro (NVIDIA decode pipeline; no-
     "PAGEDATTN_HIP_DECODE_PIPELINE": "PK_DECODE_PIPELINE",
     "PAGEDATTN_HIP_DECODE_STAGES": "PK_DECODE_STAGES",
     "PAGEDATTN_HIP_CP_ASYNC_L2": "PK_CP_ASYNC_L2",
+    "PAGEDATTN_HIP_DECODE_SMALL_TILE": "PK_DECODE_SMALL_TILE",
 }
 
 

@@ -36,6 +36,9 @@
 #ifndef PK_DECODE_STAGES
 #define PK_DECODE_STAGES 3  // 3 x 34 KB per block (D 128): 2 blocks and ~128 KB in flight per SM
 #endif
+#ifndef PK_DECODE_SMALL_TILE
+#define PK_DECODE_SMALL_TILE 0
+#endif
 #if defined(PK_CUDA) && PK_DECODE_PIPELINE
 #define PK_PIPE_ENABLED 1
 #else
@@ -55,9 +58,14 @@ struct AttnCfg {
   static constexpr bool kVTrans = V_TRANS_;  // V cache is [.., D, block_size] (hcu layout)
   static constexpr Mode kMode = MODE_;
 
-  static constexpr int kWaves = 4;
+  // Pipelined path (NVIDIA decode, 16-bit cache), see below.
+  static constexpr bool kPipe = PK_PIPE_ENABLED && MODE_ == Mode::kDecode && KVT_::kBytes == 2;
+  // One row tile (<= 16 heads) with PK_DECODE_SMALL_TILE: 2 waves on 32-token tiles, so that
+  // twice as many (half as large) blocks share an SM.
+  static constexpr bool kSmall = kPipe && PK_DECODE_SMALL_TILE && HEAD_TILES_ == 1;
+  static constexpr int kWaves = kSmall ? 2 : 4;
   static constexpr int kThreads = kWaves * kWave;
-  static constexpr int T = 64;                            // tokens per KV tile
+  static constexpr int T = kSmall ? 32 : 64;              // tokens per KV tile (divides 64)
   static constexpr int kTokSplit = kWaves / kHeadTiles;   // waves sharing one row tile
   static constexpr int kTokTiles = T / 16 / kTokSplit;    // 16-token tiles per wave per KV tile
   static constexpr int kDTiles = D / 16;
@@ -73,7 +81,6 @@ struct AttnCfg {
   // Pipelined path (NVIDIA decode, 16-bit cache). Stage s = K [T][kKStride] then V, either
   // [T][kKStride] or, hcu, [D][kVtStride]. The padding (8 elements = 16 bytes per row) makes the
   // 16-byte copies and the ldmatrix row reads conflict-free (consecutive rows 16 banks apart).
-  static constexpr bool kPipe = PK_PIPE_ENABLED && kMode == Mode::kDecode && KVT::kBytes == 2;
   static constexpr int kStages = PK_DECODE_STAGES;
   static constexpr int kVtStride = kVTrans ? T + 8 : kKStride;
   static constexpr int kStageElems = T * kKStride + (kVTrans ? D : T) * kVtStride;
@@ -88,6 +95,7 @@ struct AttnCfg {
 
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(kHeadTiles == 1 || kHeadTiles == 2 || kHeadTiles == 4, "row tiles divide 4 waves");
+  static_assert(kTokTiles >= 1 && kWaves % kHeadTiles == 0, "whole 16-token tiles per wave");
   static_assert(kUnits >= 1 && (T * D / kEpv) % kThreads == 0, "whole 16-byte loads per thread");
   static_assert(kWave % (D / kEpv) == 0, "a wave's K load covers whole rows");
   static_assert(kPipe || kSmemBytes + 2 * kWaves * 16 * 4 <= 48 * 1024, "static LDS/shared limit");
