@@ -24,7 +24,7 @@ import triton.language as tl
 
 from pagedattn.triton_kernels._common import (LN2, LOG2E, alibi_bias, finalize_state, kv_offset,
                                               online_softmax_step, soft_cap, visible)
-from pagedattn.triton_kernels._extend_variants import _dot, _page_ids
+from pagedattn.triton_kernels._extend_variants import _dot, _page_ids, _rows
 
 _LOG2E = tl.constexpr(LOG2E)
 _LN2 = tl.constexpr(LN2)
@@ -48,18 +48,6 @@ def _next(s, n_tiles, ITEMS: tl.constexpr):
 
 
 @triton.jit
-def _bounds(lq, lk, tok0, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """(hi, full): the item's keys end at hi; tiles below full are visible to every row."""
-    if CAUSAL:
-        hi = tl.minimum(lk, lk - lq + tok0 + BLOCK_Q)  # past the block's last query position
-        full = (lk - lq + tok0 + 1) // BLOCK_N * BLOCK_N
-    else:
-        hi = lk
-        full = lk // BLOCK_N * BLOCK_N
-    return hi, full
-
-
-@triton.jit
 def _masked_step(m_i, l_i, qk, scale, logit_cap, alibi_ptr, head, hg, jpos, row_pos, lk,
                  GROUP: tl.constexpr, CAUSAL: tl.constexpr, HAS_CAP: tl.constexpr,
                  HAS_ALIBI: tl.constexpr):
@@ -73,35 +61,6 @@ def _masked_step(m_i, l_i, qk, scale, logit_cap, alibi_ptr, head, hg, jpos, row_
         sl += alibi_bias(slope2[:, None], jpos[None, :], row_pos[:, None])
     vis = visible(jpos[None, :], row_pos[:, None], lk, 0, CAUSAL, False)  # [M, N]
     return online_softmax_step(m_i, l_i, tl.where(vis, sl, float("-inf")))
-
-
-@triton.jit
-def _store_item(acc, m_i, l_i, q0, tok0, lq, h, out_ptr, lse_ptr, sinks_ptr, vscale_ptr,
-                stride_ot: tl.int64, stride_oh: tl.int64, stride_lt: tl.int64,
-                stride_lh: tl.int64, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
-                HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_M: tl.constexpr,
-                HAS_SINKS: tl.constexpr, KV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr):
-    """Normalise one item's state and store its out rows (and lse); empty rows -> 0 / -inf."""
-    rows = tl.arange(0, BLOCK_M)
-    hg = rows % GROUP_P
-    row_tok = tok0 + rows // GROUP_P  # [M] query index within the request
-    row_ok = (row_tok < lq) & (hg < GROUP)
-    head = h * GROUP + hg  # [M]
-    d = tl.arange(0, HEAD_DIM_P)
-    sink2 = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if HAS_SINKS:
-        sink2 = tl.load(sinks_ptr + head, mask=hg < GROUP, other=0.0) * _LOG2E
-    o, lse2 = finalize_state(m_i, l_i, acc, sink2, HAS_SINKS)  # [M, D_P], [M]
-    if KV_FP8:
-        o = o * tl.load(vscale_ptr + h)
-    o_off = (q0 + row_tok).to(tl.int64)[:, None] * stride_ot \
-        + head.to(tl.int64)[:, None] * stride_oh + d[None, :]
-    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (d < HEAD_DIM)[None, :])
-    if RETURN_LSE:
-        tl.store(lse_ptr + (q0 + row_tok).to(tl.int64) * stride_lt
-                 + head.to(tl.int64) * stride_lh, lse2 * _LN2,
-                 mask=row_ok)
 
 
 @triton.jit
@@ -161,51 +120,44 @@ def _extend_flat(
                    stride_kdl, K_X, K_SPLIT, K_LO_ONE)  # [D_P, 1]
     dv = kv_offset(zero, 0, 0, d[None, :], stride_vb, stride_vt, stride_vh, stride_vdh,
                    stride_vdl, HEAD_DIM_P, False, V_LO_ONE)  # [1, D_P]
+    PAD_D: tl.constexpr = HEAD_DIM_P != HEAD_DIM
 
-    # The cursor (int32): item s (request b, KV head h, query block tok0), the tile at start.
+    # The cursor: item s (its request b, KV head h, query block tok0) and the tile at start.
     s = _next(-1, n_tiles, ITEMS)
     b, h, mb = _item(s, pid, n_prog, NM2, hkv)
-    tok0 = mb * BLOCK_Q
-    q0 = tl.load(cu_ptr + b, mask=s < ITEMS, other=0)
-    lq = tl.load(cu_ptr + b + 1, mask=s < ITEMS, other=0) - q0
-    lk = tl.load(lens_ptr + b, mask=s < ITEMS, other=0)
-    hi, full = _bounds(lq, lk, tok0, BLOCK_Q, BLOCK_N, CAUSAL)
-    start = s * 0
-    row_ok = (tok0 + rtok < lq) & (hg < GROUP)
-    q_off = (q0 + tok0 + rtok).to(tl.int64)[:, None] * stride_qt \
-        + (h * GROUP + hg).to(tl.int64)[:, None] * stride_qh + d[None, :]
+    b = b.to(tl.int64)
+    h = h.to(tl.int64)
+    tok0 = (mb * BLOCK_Q).to(tl.int64)
+    q0 = tl.load(cu_ptr + b, mask=s < ITEMS, other=0).to(tl.int64)
+    lq = tl.load(cu_ptr + b + 1, mask=s < ITEMS, other=0).to(tl.int64) - q0
+    lk = tl.load(lens_ptr + b, mask=s < ITEMS, other=0).to(tl.int64)
+    start = zero
+    row_tok = tok0 + rtok
+    row_ok = (row_tok < lq) & (hg < GROUP)
+    head = h * GROUP + hg  # [M] query head
+    q_off = (q0 + row_tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
     q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D_P]
-    nxt = _page_ids(bt_ptr + b.to(tl.int64) * stride_bt, start, (lk + PAGE - 1) // PAGE, PAGE,
-                    BLOCK_N)
-    # token-in-page term of the rows: constant when a tile spans whole pages
-    TPP: tl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N  # tile tokens per page
-    tk = (n % TPP).to(tl.int64) * stride_kt  # [N]
-    tv = (n % TPP).to(tl.int64) * stride_vt
+    nxt = _page_ids(bt_ptr + b * stride_bt, start, (lk + PAGE - 1) // PAGE, PAGE, BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
-    p_last = s < 0  # the previous tile ended an item (and its item: p_q0 ...)
-    p_q0 = q0
-    p_tok0 = tok0
-    p_lq = lq
-    p_h = h
     for _ in range(0, total):
         # -- K/V of tile (s, start); ids loaded one iteration earlier
-        NP: tl.constexpr = BLOCK_N // PAGE if PAGE < BLOCK_N else 1
-        blk = tl.reshape(tl.broadcast_to(nxt[:, None], [NP, TPP]), [BLOCK_N])  # [N] int64
-        if PAGE > BLOCK_N:  # a tile is part of a page
-            off = (start % PAGE).to(tl.int64)
-            rk = blk * stride_kb + (off * stride_kt + tk)  # [N]
-            rv = blk * stride_vb + (off * stride_vt + tv)
+        prefix = lk - lq
+        if CAUSAL:
+            hi = tl.minimum(lk, prefix + tok0 + BLOCK_Q)
+            full = (prefix + tok0 + 1) // BLOCK_N * BLOCK_N  # keys every row sees
         else:
-            rk = blk * stride_kb + tk
-            rv = blk * stride_vb + tv
-        k_ptrs = kc_ptr + h.to(tl.int64) * stride_kh + (rk[None, :] + dk)  # [D_P, N]
-        v_ptrs = vc_ptr + h.to(tl.int64) * stride_vh + (rv[:, None] + dv)  # [N, D_P]
-        in_k = n < lk - start  # [N] keys past Lk (the partial last tile) read as 0
-        k = tl.load(k_ptrs, mask=in_k[None, :] & d_ok[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=in_k[:, None] & d_ok[None, :], other=0.0)
+            hi = lk
+            full = lk // BLOCK_N * BLOCK_N
+        jpos = start + n  # [N] absolute key position
+        rk = _rows(nxt, start, stride_kb, stride_kt, PAGE, BLOCK_N)  # [N]
+        rv = _rows(nxt, start, stride_vb, stride_vt, PAGE, BLOCK_N)
+        k_ptrs = kc_ptr + h * stride_kh + (rk[None, :] + dk)  # [D_P, N]
+        v_ptrs = vc_ptr + h * stride_vh + (rv[:, None] + dv)  # [N, D_P]
+        k = tl.load(k_ptrs, mask=(jpos < lk)[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=(jpos < lk)[:, None] & d_ok[None, :], other=0.0)
         if KV_FP8:
             k = k.to(q.dtype)
             v = v.to(q.dtype)
@@ -219,41 +171,34 @@ def _extend_flat(
         q02 = q0
         lq2 = lq
         lk2 = lk
-        hi2 = hi
-        full2 = full
         start2 = start + BLOCK_N
         if last:
             s2 = _next(s, n_tiles, ITEMS)
-            b2, h2, mm = _item(s2, pid, n_prog, NM2, hkv)
-            tok2 = mm * BLOCK_Q
-            q02 = tl.load(cu_ptr + b2, mask=s2 < ITEMS, other=0)
-            lq2 = tl.load(cu_ptr + b2 + 1, mask=s2 < ITEMS, other=0) - q02
-            lk2 = tl.load(lens_ptr + b2, mask=s2 < ITEMS, other=0)
-            hi2, full2 = _bounds(lq2, lk2, tok2, BLOCK_Q, BLOCK_N, CAUSAL)
-            start2 = s2 * 0
-        nxt = _page_ids(bt_ptr + b2.to(tl.int64) * stride_bt, start2, (lk2 + PAGE - 1) // PAGE,
-                        PAGE, BLOCK_N)
+            bb, hh, mm = _item(s2, pid, n_prog, NM2, hkv)
+            b2 = bb.to(tl.int64)
+            h2 = hh.to(tl.int64)
+            tok2 = (mm * BLOCK_Q).to(tl.int64)
+            q02 = tl.load(cu_ptr + b2, mask=s2 < ITEMS, other=0).to(tl.int64)
+            lq2 = tl.load(cu_ptr + b2 + 1, mask=s2 < ITEMS, other=0).to(tl.int64) - q02
+            lk2 = tl.load(lens_ptr + b2, mask=s2 < ITEMS, other=0).to(tl.int64)
+            start2 = zero
+        nxt = _page_ids(bt_ptr + b2 * stride_bt, start2, (lk2 + PAGE - 1) // PAGE, PAGE, BLOCK_N)
 
         # -- the online softmax; the mask only on the diagonal (and the partial last) tiles
         k_sc = 1.0
         if KV_FP8:
             k_sc = tl.load(kscale_ptr + h)
         qk = _dot(q, k, IEEE)  # [M, N] fp32
-        # The previous item ended last iteration: store it here, where the wait for this QK
-        # has also retired the previous PV (an acc read under the `last` branch right after the
-        # async PV made ptxas serialise every wgmma of the kernel: NOTES_extend.md, session 5).
-        if p_last:
-            _store_item(acc, m_i, l_i, p_q0, p_tok0, p_lq, p_h, out_ptr, lse_ptr, sinks_ptr,
-                        vscale_ptr, stride_ot, stride_oh, stride_lt, stride_lh, GROUP, GROUP_P,
-                        HEAD_DIM, HEAD_DIM_P, BLOCK_M, HAS_SINKS, KV_FP8, RETURN_LSE)
-            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # alpha = 0 clears acc
-            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if HAS_CAP or HAS_ALIBI or start >= full:  # soft-cap, ALiBi, diagonal, partial tile
-            jpos = start + n  # [N] absolute key position
-            row_pos = lk - lq + tok0 + rtok  # [M]
+        row_pos = prefix + tok0 + rtok  # [M]
+        head = h * GROUP + hg  # [M] query head
+        if HAS_CAP or HAS_ALIBI:
             m_new, l_new, alpha, p = _masked_step(m_i, l_i, qk, sm_scale * k_sc, logit_cap,
-                                                  alibi_ptr, h * GROUP + hg, hg, jpos, row_pos,
-                                                  lk, GROUP, CAUSAL, HAS_CAP, HAS_ALIBI)
+                                                  alibi_ptr, head, hg, jpos, row_pos, lk,
+                                                  GROUP, CAUSAL, HAS_CAP, HAS_ALIBI)
+        elif start >= full:  # the diagonal or the partial last tile
+            m_new, l_new, alpha, p = _masked_step(m_i, l_i, qk, sm_scale * k_sc, logit_cap,
+                                                  alibi_ptr, head, hg, jpos, row_pos, lk,
+                                                  GROUP, CAUSAL, False, False)
         else:  # every key visible: the FFMA form of pipe_fma (m_new finite)
             sc = sm_scale * k_sc * _LOG2E
             m_new = tl.maximum(m_i, tl.max(qk, 1) * sc)  # [M]
@@ -264,17 +209,30 @@ def _extend_flat(
         l_i = l_new
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
 
-        # -- the item's last tile: the next item's Q (its output is stored next iteration)
+        # -- the item's last tile: epilogue, then the next item's state and Q
         if last:
-            ok2 = (tok2 + rtok < lq2) & (hg < GROUP)  # lq2 = 0 past the last item
-            q_off = (q02 + tok2 + rtok).to(tl.int64)[:, None] * stride_qt \
-                + (h2 * GROUP + hg).to(tl.int64)[:, None] * stride_qh + d[None, :]
+            row_tok = tok0 + rtok  # rebuilt here, not carried (registers)
+            row_ok = (row_tok < lq) & (hg < GROUP)
+            head = h * GROUP + hg
+            sink2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+            if HAS_SINKS:
+                sink2 = tl.load(sinks_ptr + head, mask=hg < GROUP, other=0.0) * _LOG2E
+            o, lse2 = finalize_state(m_i, l_i, acc, sink2, HAS_SINKS)  # [M, D_P], [M]
+            if KV_FP8:
+                o = o * tl.load(vscale_ptr + h)
+            o_off = (q0 + row_tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+            tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty),
+                     mask=row_ok[:, None] & d_ok[None, :])
+            if RETURN_LSE:
+                tl.store(lse_ptr + (q0 + row_tok) * stride_lt + head * stride_lh, lse2 * _LN2,
+                         mask=row_ok)
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # alpha = 0 clears acc
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            row2 = tok2 + rtok
+            ok2 = (row2 < lq2) & (hg < GROUP)  # lq2 = 0 past the last item
+            q_off = (q02 + row2)[:, None] * stride_qt + (h2 * GROUP + hg)[:, None] * stride_qh \
+                + d[None, :]
             q = tl.load(q_ptr + q_off, mask=ok2[:, None] & d_ok[None, :], other=0.0)
-        p_last = last
-        p_q0 = q0
-        p_tok0 = tok0
-        p_lq = lq
-        p_h = h
         s = s2
         b = b2
         h = h2
@@ -282,13 +240,7 @@ def _extend_flat(
         q0 = q02
         lq = lq2
         lk = lk2
-        hi = hi2
-        full = full2
         start = start2
-    if total > 0:  # the program's last item
-        _store_item(acc, m_i, l_i, p_q0, p_tok0, p_lq, p_h, out_ptr, lse_ptr, sinks_ptr,
-                    vscale_ptr, stride_ot, stride_oh, stride_lt, stride_lh, GROUP, GROUP_P,
-                    HEAD_DIM, HEAD_DIM_P, BLOCK_M, HAS_SINKS, KV_FP8, RETURN_LSE)
 
 
 def grid_shape(n_units: int, n_sm: int):

@@ -70,7 +70,7 @@ def tile_config(cfg, variant: int, family: str, elem_bytes: int = 2):
     """The carried-id variants need >= 3 stages on sm_80+ to keep two K/V tiles in flight
     (16-bit inputs only: fp32 tiles at 3 stages overflow shared memory, 288 KB on the H200).
     ``flat`` takes BLOCK_N 64 on sm_90 unless PAGEDATTN_EXTEND_CONFIG is set: at 128 its loop
-    (Q carried in registers) spills 48 B offline (triton 3.6), at 64 none (252 registers)."""
+    (Q carried in registers) spills 88 B offline (triton 3.6), at 64 none (232 registers)."""
     from pagedattn.triton_kernels._extend_configs import config_override
     if variant == VARIANTS["flat"] and family == "sm90" and cfg.block_n > 64 \
             and config_override() is None:
