@@ -38,8 +38,6 @@ ROWS = [
     ("pipe_fma@128x64x8x3", "pipe_fma", "128,64,8,3"),  # 237 regs, no spill offline
     ("pipe_fma@64x64x4x3", "pipe_fma", "64,64,4,3"),  # one warpgroup, 16 tokens x 4 heads
     ("pipe_fma@64x128x4x3", "pipe_fma", "64,128,4,3"),  # one warpgroup, 2 CTAs per SM
-    ("flat", "flat", None),  # persistent, one loop over all items; sm_90 tiles (128, 64, 8, 3)
-    ("flat@128x128x8x3", "flat", "128,128,8,3"),  # pipe_fma's tiles: spills 88 B offline
 ]
 
 

@@ -312,21 +312,12 @@ def _compile_offline(target, variant="twostage", new_from_cache=True):
              if n.endswith("_ptr") or n.startswith("stride")}
     src = ASTSource(_extend_fwd, {n: ty(n) for n in names},
                     constexprs={(names.index(k),): v for k, v in cst.items()}, attrs=attrs)
-    if variant == "flat":  # its own persistent kernel, at its sm_90 tile (128 x 64)
-        from pagedattn.triton_kernels._extend_flat import _extend_flat as kern
-        fl = {n: v for n, v in cst.items() if n in kern.arg_names}
-        fl.update(NM2=16, ITEMS=16)
-        fnames = kern.arg_names
-        fattrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fnames)
-                  if n.endswith("_ptr") or n.startswith("stride")}
-        src = ASTSource(kern, {n: ty(n) if n not in fl else "constexpr" for n in fnames},
-                        constexprs={(fnames.index(k),): v for k, v in fl.items()}, attrs=fattrs)
     if backend == "cuda":
         k = triton.compile(src, target=GPUTarget("cuda", int(arch), 32),
                            options=dict(num_warps=8, num_stages=3))
         assert "wgmma" in k.asm["ptx"], "sm_90 dots must use wgmma"
         assert "async_copy_global_to_local" in k.asm["ttgir"], "K/V loads must be pipelined"
-        if variant.startswith("pipe") or variant == "flat":  # carried ids (NOTES_extend.md)
+        if variant.startswith("pipe"):  # the point of the carried block ids (NOTES_extend.md)
             assert "{num = 2 : i32}" in k.asm["ttgir"], "K/V must stay two tiles in flight"
     else:
         triton.compile(src, target=GPUTarget("hip", arch, 64),
@@ -335,8 +326,7 @@ def _compile_offline(target, variant="twostage", new_from_cache=True):
 
 
 @pytest.mark.parametrize("target,variant", [("cuda:90", "twostage"), ("hip:gfx942", "twostage")]
-                         + [("cuda:90", v) for v in ("onepass", "pages", "pipe", "pipe_fma",
-                                                     "flat")]
+                         + [("cuda:90", v) for v in ("onepass", "pages", "pipe", "pipe_fma")]
                          + [("hip:gfx942", "pipe_fma"), ("cuda:90", "pipe_fma+k_new")])
 def test_kernel_compiles_for_real_targets(target, variant):
     """The interpreter skips the real compiler (it accepted a non-constexpr global in jit code
@@ -363,7 +353,7 @@ def test_kernel_compiles_for_real_targets(target, variant):
 # A/B loop variants (PAGEDATTN_EXTEND_VARIANT; pagedattn/triton_kernels/_extend_variants.py)
 # ----------------------------------------------------------------------------------------------
 
-VARIANT_NAMES = ["twostage", "onepass", "pages", "pipe", "pipe_fma", "flat"]
+VARIANT_NAMES = ["twostage", "onepass", "pages", "pipe", "pipe_fma"]
 # Interpreter tiles are 16 x 16: page 1 (16 ids per tile), 4 (page < tile), 16 (= tile) and
 # 32 (a tile is half a page: start % PAGE != 0). Prefixes off the page and tile grid.
 VARIANT_CASES = [
@@ -406,24 +396,9 @@ def test_extend_variant_prefix_pass_with_k_new(device, monkeypatch, variant, cas
         == V.VARIANTS[V.DEFAULT]
     monkeypatch.setenv(V.ENV, variant)
     c = VARIANT_CASES[case]
-    runs = "pipe_fma" if variant == "flat" else variant  # flat: cache-only K/V
     assert V.resolve(new_from_cache=False, has_mask=False, has_window=False, page=c["bs"]) \
-        == V.VARIANTS[runs], "the variant must actually run for this case"
+        == V.VARIANTS[variant], "the variant must actually run for this case"
     run_case(device, seed=50 + case, new_from="k_new", **c)
-
-
-@pytest.mark.parametrize("causal", [True, False])
-def test_extend_flat_many_requests_per_program(device, monkeypatch, causal):
-    """flat: the interpreter runs 3 persistent programs, so each walks several (request, KV
-    head, query block) items in one loop: ragged lengths, empty items (Lq 0, and query blocks
-    past a short request's Lq), Lq 1, prefix 0, an odd block count (NM2 padding), lse."""
-    from pagedattn.triton_kernels import _extend_flat as F
-    from pagedattn.triton_kernels import _extend_variants as V
-    monkeypatch.setenv(V.ENV, "flat")
-    assert F._sm_count(torch.device("cpu")) == 3
-    run_case(device, layout="bshd", dtype=torch.float16, heads=(8, 2), bs=4,
-             prefixes=[0, 13, 5, 0, 30, 2, 0], extends=[37, 1, 0, 16, 9, 3, 1], causal=causal,
-             opts={"sinks": torch.randn(8)}, seed=60 + causal)
 
 
 def test_extend_variant_falls_back_and_rejects_unknown(device, monkeypatch):

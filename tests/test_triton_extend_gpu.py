@@ -79,8 +79,7 @@ def test_gpu_overflow_cache_offsets(device, layout):
 
 @pytest.mark.gpu
 @BF16_SKIP
-@pytest.mark.parametrize("variant", ["twostage", "onepass", "pages", "pipe", "pipe_fma",
-                                     "flat"])
+@pytest.mark.parametrize("variant", ["twostage", "onepass", "pages", "pipe", "pipe_fma"])
 def test_gpu_variant_bf16_real_sizes(device, monkeypatch, variant):
     """Each A/B loop variant at the default GPU tiles (128 x 128): page 16 and page 1."""
     monkeypatch.setenv("PAGEDATTN_EXTEND_VARIANT", variant)

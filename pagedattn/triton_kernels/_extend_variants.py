@@ -24,8 +24,6 @@ Ladder (each adds one change; bench/NOTES_extend.md has the offline SASS counts 
             load of the same iteration, so the sm_90 pipeliner keeps K/V multi-buffered
             (async_wait num=2 with 3 stages instead of num=0)
   pipe_fma  + dense-FA2 softmax on unmasked tiles: row max of the raw qk, one FFMA per logit
-  flat      pipe_fma's tile step in a persistent kernel: one pipelined loop over all key tiles
-            of all of a program's query blocks (_extend_flat.py); k_new/v_new calls: pipe_fma
 """
 import os
 
@@ -37,7 +35,7 @@ from pagedattn.triton_kernels._common import (LOG2E, alibi_bias, kv_offset, onli
 
 _LOG2E = tl.constexpr(LOG2E)
 
-VARIANTS = {"twostage": 0, "onepass": 1, "pages": 2, "pipe": 3, "pipe_fma": 4, "flat": 5}
+VARIANTS = {"twostage": 0, "onepass": 1, "pages": 2, "pipe": 3, "pipe_fma": 4}
 DEFAULT = "pipe_fma"
 ENV = "PAGEDATTN_EXTEND_VARIANT"
 
@@ -61,20 +59,13 @@ def resolve(*, new_from_cache: bool, has_mask: bool, has_window: bool, page: int
     """
     v = VARIANTS[requested()]
     pow2 = page > 0 and page & (page - 1) == 0
-    if v == VARIANTS["flat"] and not new_from_cache:  # flat covers cache-only K/V
-        v = VARIANTS["pipe_fma"]
+    del new_from_cache  # both sources run the variant (measured, H200 2026-11-30)
     return v if v and not has_mask and not has_window and pow2 else 0
 
 
 def tile_config(cfg, variant: int, family: str, elem_bytes: int = 2):
     """The carried-id variants need >= 3 stages on sm_80+ to keep two K/V tiles in flight
-    (16-bit inputs only: fp32 tiles at 3 stages overflow shared memory, 288 KB on the H200).
-    ``flat`` takes BLOCK_N 64 on sm_90 unless PAGEDATTN_EXTEND_CONFIG is set: at 128 its loop
-    (Q carried in registers) spills 88 B offline (triton 3.6), at 64 none (232 registers)."""
-    from pagedattn.triton_kernels._extend_configs import config_override
-    if variant == VARIANTS["flat"] and family == "sm90" and cfg.block_n > 64 \
-            and config_override() is None:
-        cfg = cfg._replace(block_n=64)
+    (16-bit inputs only: fp32 tiles at 3 stages overflow shared memory, 288 KB on the H200)."""
     if variant >= VARIANTS["pipe"] and family in ("sm90", "sm80") and cfg.num_stages < 3 \
             and elem_bytes <= 2:
         return cfg._replace(num_stages=3)

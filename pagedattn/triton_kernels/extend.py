@@ -22,7 +22,6 @@ import triton.language as tl
 from pagedattn import layouts as L
 from pagedattn.reference import is_fp8
 from pagedattn.triton_kernels import _extend_configs as C
-from pagedattn.triton_kernels import _extend_flat as F
 from pagedattn.triton_kernels import _extend_variants as V
 from pagedattn.triton_kernels._common import (LN2, LOG2E, alibi_bias, finalize_state, kv_offset,
                                               online_softmax_step, soft_cap, visible)
@@ -377,12 +376,7 @@ def run(call):
     if call.k_new is not None and call.v_new.stride() != call.k_new.stride():
         raise ValueError("v_new: expected the same strides as k_new")
     # grid = (cdiv(max_q, BLOCK_Q), Hkv, B) with BLOCK_Q = BLOCK_M // GROUP_P query tokens.
-    if args["VARIANT"] == V.VARIANTS["flat"]:  # persistent: its own kernel and grid
-        c = V.tile_config(C.default_config(q.device, d_p, group_p, max_q), args["VARIANT"],
-                          C.family_of(q.device), q.element_size())
-        F.launch(args, c, num_seqs=nseq, num_kv_heads=hkv, max_q=max_q, group_p=group_p,
-                 device=q.device)
-    elif C.autotune_enabled() and q.is_cuda:
+    if C.autotune_enabled() and q.is_cuda:
         grid = lambda meta: (triton.cdiv(max_q, meta["BLOCK_M"] // group_p), hkv, nseq)  # noqa
         C.autotuned(_extend_fwd)[grid](**args)
     else:
