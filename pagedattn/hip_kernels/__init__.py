@@ -116,33 +116,6 @@ def default_partition_size(group: int, requested: Optional[int]) -> int:
     return max(T_TILE, -(-p // T_TILE) * T_TILE)
 
 
-# NVIDIA: partitions grow (512 -> 1024 -> 2048) while the grid keeps >= FILL_PER_SM blocks per
-# SM. H200 sweep (bf16, D 128, 32/8 and 32/32, cp.async pipeline, 2 blocks per SM): longer
-# partitions amortise each block's pipeline fill and the combine; (1, 32768) 32/8 is best at
-# 1024 (256 blocks), (8, 8192) 32/8 at 2048 (256 blocks), the large batches at 2048.
-AUTO_PARTITIONS = (1024, 2048)
-FILL_PER_SM = 1.5
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def auto_partition_size(q, block_table, page_size, num_kv_heads, base):
-    """The decode partition when the caller asked for none (NVIDIA; ROCm keeps ``base``)."""
-    if getattr(torch.version, "hip", None) or q.device.type != "cuda":
-        return base
-    capacity = block_table.shape[1] * page_size
-    work = q.shape[0] * num_kv_heads * max(1, -(-(q.shape[1] // num_kv_heads) // 64))
-    want = FILL_PER_SM * _num_sms(q.device.index if q.device.index is not None else 0)
-    best = base
-    for p in AUTO_PARTITIONS:
-        if p > base and work * -(-capacity // p) >= want:
-            best = p
-    return best
-
-
 def _ops():
     from pagedattn.hip_kernels import build
     return build.load()
@@ -159,9 +132,9 @@ def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd"
     g = L.cache_geometry(k_cache, layout)
     group = q.shape[1] // g.num_kv_heads
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    # the issue's rule (512; 256 when the group exceeds 15) or the caller's size: split points
+    # depend on the sequence only, never on the batch
     part = default_partition_size(group, partition_size)
-    if partition_size is None and not q_head_grid:
-        part = auto_partition_size(q, block_table, g.block_size, g.num_kv_heads, part)
     _ops().paged_decode(q, k_cache, v_cache, block_table, seq_lens, out, lse, k_scale, v_scale,
                         LAYOUT_CODES[layout], float(scale), part, int(q_head_grid))
 
