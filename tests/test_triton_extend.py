@@ -377,7 +377,7 @@ def test_extend_variant(device, monkeypatch, variant, case):
     from pagedattn.triton_kernels import _extend_variants as V
     monkeypatch.setenv(V.ENV, variant)
     c = VARIANT_CASES[case]
-    assert V.resolve(new_from_cache=True, has_mask=False, has_window=False, page=c["bs"]) \
+    assert V.resolve(has_mask=False, has_window=False, page=c["bs"]) \
         == V.VARIANTS[variant], "the variant must actually run for this case"
     monkeypatch.delenv(V.ENV)
     assert V.requested() == V.DEFAULT == "pipe_fma"  # unset: the measured winner
@@ -392,11 +392,11 @@ def test_extend_variant_prefix_pass_with_k_new(device, monkeypatch, variant, cas
     unset, the default variant."""
     from pagedattn.triton_kernels import _extend_variants as V
     monkeypatch.delenv(V.ENV, raising=False)
-    assert V.resolve(new_from_cache=False, has_mask=False, has_window=False, page=4) \
+    assert V.resolve(has_mask=False, has_window=False, page=4) \
         == V.VARIANTS[V.DEFAULT]
     monkeypatch.setenv(V.ENV, variant)
     c = VARIANT_CASES[case]
-    assert V.resolve(new_from_cache=False, has_mask=False, has_window=False, page=c["bs"]) \
+    assert V.resolve(has_mask=False, has_window=False, page=c["bs"]) \
         == V.VARIANTS[variant], "the variant must actually run for this case"
     run_case(device, seed=50 + case, new_from="k_new", **c)
 
@@ -406,11 +406,12 @@ def test_extend_variant_falls_back_and_rejects_unknown(device, monkeypatch):
     does ``twostage`` by name; an unknown name is an error."""
     from pagedattn.triton_kernels import _extend_variants as V
     monkeypatch.setenv(V.ENV, "twostage")
-    assert V.resolve(new_from_cache=False, has_mask=False, has_window=False, page=16) == 0
+    assert V.resolve(has_mask=False, has_window=False, page=16) == 0
     monkeypatch.setenv(V.ENV, "pipe_fma")
-    assert V.resolve(new_from_cache=False, has_mask=False, has_window=True, page=16) == 0
-    assert V.resolve(new_from_cache=True, has_mask=False, has_window=True, page=16) == 0
-    assert V.resolve(new_from_cache=True, has_mask=False, has_window=False, page=12) == 0
+    assert V.resolve(has_mask=False, has_window=True, page=16) == 0
+    assert V.resolve(has_mask=True, has_window=False, page=16) == 0
+    assert V.resolve(has_mask=False, has_window=False, page=12) == 0
+    assert V.resolve(has_mask=False, has_window=False, page=16) == V.VARIANTS["pipe_fma"]
     run_case(device, layout="bshd", dtype=torch.float32, heads=(8, 2), bs=4, prefixes=[6, 0],
              extends=[5, 9], new_from="k_new", opts={"sliding_window": 4}, seed=40)
     monkeypatch.setenv(V.ENV, "nope")

@@ -370,8 +370,8 @@ def run(call):
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, HAS_SINKS=o.sinks is not None, KV_FP8=kv_fp8,
         RETURN_LSE=bool(call.return_lse), IEEE=q.dtype == torch.float32,
-        VARIANT=V.resolve(new_from_cache=call.k_new is None, has_mask=mask is not None,
-                          has_window=o.sliding_window is not None, page=g.block_size),
+        VARIANT=V.resolve(has_mask=mask is not None, has_window=o.sliding_window is not None,
+                          page=g.block_size),
     )
     if call.k_new is not None and call.v_new.stride() != call.k_new.stride():
         raise ValueError("v_new: expected the same strides as k_new")
