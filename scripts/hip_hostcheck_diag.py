@@ -7,17 +7,11 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PRE = r"""
-import sys, torch
-sys.path[:0] = [%r, %r]
-from attn_utils import make_paged_batch
-from pagedattn.hip_kernels import build
-ops = build.load()
-gen = torch.Generator().manual_seed(0)
-b = make_paged_batch([20], num_kv_heads=2, head_dim=64, block_size=16, layout="bhsd",
-                     dtype=torch.float16, device="cuda", gen=gen)
-q = torch.randn(1, 4, 64, generator=gen).to("cuda", torch.float16)
-out = torch.empty_like(q)
+sys.path[:0] = [os.path.join(ROOT, "tests"), ROOT]
+from test_hip_backend import HOST_CHECK_SETUP  # noqa: E402  (the test's batch and op handle)
+
+PRE = "import sys\nsys.path[:0] = [%r, %r]\n" % (os.path.join(ROOT, "tests"), ROOT) \
+    + HOST_CHECK_SETUP + r"""
 def call(q, out):
     try:
         ops.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, out, None, None,
@@ -26,7 +20,7 @@ def call(q, out):
         print("raised:", str(e).splitlines()[0][:120], flush=True)
     else:
         print("ran", flush=True)
-""" % (os.path.join(ROOT, "tests"), ROOT)
+"""
 CASES = {
     "good": "call(q, out)",
     "nqh_slices": "call(q[:, :3], out[:, :3])",

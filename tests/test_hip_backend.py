@@ -180,7 +180,8 @@ def test_decode_int32_overflow():
     torch.cuda.empty_cache()
 
 
-HOST_CHECK_SCRIPT = r"""
+# One well-formed raw-op batch (also the setup of scripts/hip_hostcheck_diag.py).
+HOST_CHECK_SETUP = r"""
 import sys, torch
 from attn_utils import make_paged_batch
 from pagedattn.hip_kernels import build
@@ -190,6 +191,8 @@ b = make_paged_batch([20], num_kv_heads=2, head_dim=64, block_size=16, layout="b
                      dtype=torch.float16, device="cuda", gen=gen)
 q = torch.randn(1, 4, 64, generator=gen).to("cuda", torch.float16)
 out = torch.empty_like(q)
+"""
+HOST_CHECK_SCRIPT = HOST_CHECK_SETUP + r"""
 ops.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, out, None, None, None,
                  0, 0.125, 512, 0)  # the well-formed call runs
 bad = {
