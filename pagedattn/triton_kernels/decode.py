@@ -347,8 +347,13 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         if HAS_KV_SCALE:
             v_scale = tl.load(v_scale_ptr + h)
         row0 = ((s * tl.num_programs(0) + h) * P) * R + r
-        big_m = tl.full((1,), float("-inf"), tl.float32)
-        big_l = tl.zeros((1,), tl.float32)
+        # every per-partition scalar is broadcast over the group's [UNROLL, BLOCK_DC] tile: with
+        # one warp a thread then holds all UNROLL rows of its columns, so the running maxima (a
+        # scan along axis 0) and pulling row u out (a sum with zeros along axis 0) stay inside
+        # the thread; [UNROLL] vectors would be spread over lanes and cost warp shuffles per
+        # partition (session 5: 3 shuffle reductions per partition in the SASS)
+        big_m = tl.full((1, BLOCK_DC), float("-inf"), tl.float32)
+        big_l = tl.zeros((1, BLOCK_DC), tl.float32)
         big_a = tl.zeros((1, BLOCK_DC), tl.float32)
         u_idx = tl.arange(0, UNROLL)
         for p0 in tl.range(0, n_parts, UNROLL, num_stages=C_STAGES):
@@ -357,27 +362,36 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
             pp = p0 + u_idx
             ok = pp < n_parts
             row = row0 + pp * R  # [UNROLL] int64
+            # scalar loads (declared contiguity 1): the tile then takes the plain layout of the
+            # broadcast scalars below, not a vectorised one that would need a conversion each
+            # partition
+            o_off = tl.multiple_of(row[:, None] * D + d[None, :], [1, 1])
+            acc_g = tl.load(ws_o_ptr + o_off, mask=ok[:, None] & d_mask[None, :], other=0.0,
+                            cache_modifier=".cg")  # [UNROLL, BLOCK_DC]: one round trip a group
             m_g = tl.load(ws_ml_ptr + 2 * row, mask=ok, other=float("-inf"), cache_modifier=".cg")
             l_g = tl.load(ws_ml_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg")
             m_sh = tl.load(ws_ml_ptr + 2 * (row - R), mask=(u_idx > 0) & (pp - 1 < n_parts),
                            other=float("-inf"), cache_modifier=".cg")  # m_{u-1}
+            m_g = tl.broadcast_to(m_g[:, None], (UNROLL, BLOCK_DC))
+            l_g = tl.broadcast_to(l_g[:, None], (UNROLL, BLOCK_DC))
+            m_sh = tl.broadcast_to(m_sh[:, None], (UNROLL, BLOCK_DC))
             m_after = tl.maximum(tl.associative_scan(m_g, 0, _max2), big_m)
             m_before = tl.maximum(tl.associative_scan(m_sh, 0, _max2), big_m)
             m_safe = tl.where(m_after == float("-inf"), 0.0, m_after)
             a_g = tl.exp2(m_before - m_safe)
             b_g = tl.exp2(m_g - m_safe)
-            acc_g = tl.load(ws_o_ptr + row[:, None] * D + d[None, :],
-                            mask=ok[:, None] & d_mask[None, :], other=0.0,
-                            cache_modifier=".cg")  # [UNROLL, BLOCK_DC]: one round trip a group
             for u in tl.static_range(UNROLL):  # the L / A chain, in partition order
-                sel = u_idx == u  # pulling one row out by a sum with zeros is exact
-                a_u = tl.sum(tl.where(sel, a_g, 0.0), axis=0, keep_dims=True)  # [1]
+                sel = (u_idx == u)[:, None]  # pulling one row out by a sum with zeros is exact
+                a_u = tl.sum(tl.where(sel, a_g, 0.0), axis=0, keep_dims=True)  # [1, BLOCK_DC]
                 b_u = tl.sum(tl.where(sel, b_g, 0.0), axis=0, keep_dims=True)
                 l_u = tl.sum(tl.where(sel, l_g, 0.0), axis=0, keep_dims=True)
-                acc_u = tl.sum(tl.where(sel[:, None], acc_g, 0.0), axis=0, keep_dims=True)
+                acc_u = tl.sum(tl.where(sel, acc_g, 0.0), axis=0, keep_dims=True)
                 big_l = tl.fma(l_u, b_u, big_l * a_u)
-                big_a = tl.fma(acc_u, b_u[:, None], big_a * a_u[:, None])  # [1, BLOCK_DC]
+                big_a = tl.fma(acc_u, b_u, big_a * a_u)
             big_m = tl.maximum(big_m, tl.max(m_g, axis=0, keep_dims=True))
+        # every column holds the same scalars: one per row (an exact max)
+        big_m = tl.max(big_m, axis=1)
+        big_l = tl.max(big_l, axis=1)
         one = tl.arange(0, 1)
         qi = one * 0 + r // G
         qh = one * 0 + h * G + r % G
