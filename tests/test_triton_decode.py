@@ -197,7 +197,8 @@ def test_many_partitions_combine_bitwise_across_launch_shapes(device, mode_guard
                          dtype=torch.float32, device=device, gen=gen)
     q = torch.randn(2, 2, 32, generator=gen).to(device=device)
     outs = {}
-    for combine in ("32,4,1", "8,1,4", "16,2,2", "4,1,8"):  # states per load, warps, column blocks
+    # states per load, warps, column blocks (the default: 32, 1, 4)
+    for combine in ("32,4,1", "8,1,4", "16,2,2", "4,1,8", "32,1,4", "64,1,1"):
         monkeypatch.setenv("PAGEDATTN_DECODE_COMBINE", combine)
         outs[combine] = _decode(b, q, mode="split", partition_size=part, return_lse=True)
     one, one_lse = _decode(b, q, mode="one_pass", partition_size=part, return_lse=True)

@@ -324,9 +324,9 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     maxima by a cumulative max and every exp2 of the merges at once; only L' = L a + l b and
     A' = A a + acc b stay a chain (two FMA-deep per partition). Same values as :func:`_merge`
     step by step: max is exact in any order, the exp2 arguments are the same numbers, the FMAs
-    are explicit. Cost on the H200 (session 3): ~2.3 us + ~0.09 us per partition, the same for
-    every group size, column split and formulation tried (bench/NOTES.md, lever 2): the group
-    loop is not pipelined (C_STAGES 1; more stages measured slower, see SPLIT_COMBINE).
+    are explicit. Cost on the H200: (1, 32768) 32/8, 64 partitions: 8.5 us with the scalars
+    spread over lanes (session 4), 3.2 us with them in-thread and (32, 1, 4, 1) (session 5, see
+    SPLIT_COMBINE). The group loop is not pipelined (C_STAGES 1; more stages measured slower).
     PDL (NVIDIA sm_90+): launched as a programmatic dependent of the decode kernel, the
     program starts while the decode grid drains and waits (griddepcontrol.wait) only before
     its first workspace read; seq_lens is an input, safe to read before.
@@ -423,22 +423,25 @@ _CONFIGS = {
 _TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
 MAX_ROWS = 256  # G * Lq rows per program
 # The split launch's combine kernel: (states per load, warps, column blocks per row, pipeline
-# stages of the group loop). One warp keeps a group's rows in each thread's registers (pulling
-# a row out costs no shuffles). H200 profile of session 3 (decode_config_sweep.log): ~2.3 us +
-# ~0.09 us per partition whatever the group size (4-16), column split (1-8) or merge
-# formulation; 32 states with 4 warps was 1.5x slower (cross-warp reductions). Pipelining the
-# group loop (STAGES > 1: 3-7 groups in flight) made it slower (session 4, (1, 32768) 32/8: 44.1
-# us at 1 stage, 45.4-46.1 at 6-8, combine_sweep.log); launching it as a programmatic
-# dependent (_pdl) saved 0.4-0.7 us. PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT[,STAGES]]"
-# overrides (A/B runs); outputs are the same bits.
-SPLIT_COMBINE = (8, 1, 1, 1)
+# stages of the group loop). One warp with >= 32 columns per program keeps a group's rows and
+# every per-partition scalar in each thread's registers: the running maxima and pulling row u out
+# cost no shuffles and no layout conversions (session 5: the old form, scalars spread over lanes,
+# did 3 warp-shuffle reductions per partition: ~0.09 us per partition). H200, session 5
+# (bench/results/2026-11-30-h200-s5/combine_*.log), (1, 32768) 32/8 from CUDA graphs: 44.1 us
+# with (8, 1, 1, 1), 40.2 with (8, 1, 4, 1), 40.6 with (16, 1, 4, 1), 38.9 with (32, 1, 4, 1)
+# (combine kernel 8.5 -> 3.2 us); (8, 8192) and (1, 4096) within 1 %. Pipelining the group loop
+# measured slower (session 4); launching the combine as a programmatic dependent (_pdl) saved
+# 0.4-0.7 us. PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT[,STAGES]]" overrides (A/B runs);
+# outputs are the same bits for every value.
+SPLIT_COMBINE = (32, 1, 4, 1)
 
 
 def _combine_config(block_d):
     env = os.environ.get("PAGEDATTN_DECODE_COMBINE")
     cfg = tuple(int(x) for x in env.split(",")) if env else SPLIT_COMBINE
     unroll, warps, dsplit, stages = (cfg + SPLIT_COMBINE[len(cfg):])[:4]
-    return unroll, warps, max(1, min(dsplit, block_d // 16)), max(1, stages)
+    # >= 32 columns per program: one warp then holds whole columns (no shuffles)
+    return unroll, warps, max(1, min(dsplit, block_d // 32)), max(1, stages)
 
 
 def _pdl(device):

@@ -676,8 +676,10 @@ __global__ void __launch_bounds__(D) combine_kernel(const AttnParams p) {
   float sum = 0.f;
   for (int i = tid; i < parts; i += D) sum += p.exp_sums[base + i] * exp2(p.max_logits[base + i] - mu);
   sum = block_reduce(sum, false);
-  // Phase 3: weighted sum of the partition outputs, thread = d.
+  // Phase 3: weighted sum of the partition outputs, thread = d. Unrolled so that eight
+  // partitions' loads are in flight at once (only the FMA chain on acc is serial).
   float acc = 0.f;
+#pragma unroll 8
   for (int i = 0; i < parts; ++i) {
     const float w = p.exp_sums[base + i] * exp2(p.max_logits[base + i] - mu);
     acc += w * p.tmp_out[(base + i) * D + tid];
