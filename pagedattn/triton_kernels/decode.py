@@ -429,10 +429,12 @@ MAX_ROWS = 256  # G * Lq rows per program
 # did 3 warp-shuffle reductions per partition: ~0.09 us per partition). H200, session 5
 # (bench/results/2026-11-30-h200-s5/combine_*.log), (1, 32768) 32/8 from CUDA graphs: 44.1 us
 # with (8, 1, 1, 1), 40.2 with (8, 1, 4, 1), 40.6 with (16, 1, 4, 1), 38.9 with (32, 1, 4, 1)
-# (combine kernel 8.5 -> 3.2 us); (8, 8192) and (1, 4096) within 1 %. Pipelining the group loop
-# measured slower (session 4); launching the combine as a programmatic dependent (_pdl) saved
-# 0.4-0.7 us. PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT[,STAGES]]" overrides (A/B runs);
-# outputs are the same bits for every value.
+# (combine kernel 8.5 -> 3.2 us); (8, 8192) and (1, 4096) within 1 %. The launcher caps UNROLL
+# at the batch's largest partition count: with 32 always, B32 L2048 (4 partitions) lost 5-8 %
+# (ab_decode_cuda_graph.md). Pipelining the group loop measured slower (session 4); launching
+# the combine as a programmatic dependent (_pdl) saved 0.4-0.7 us.
+# PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT[,STAGES]]" overrides (A/B runs); outputs are the
+# same bits for every value.
 SPLIT_COMBINE = (32, 1, 4, 1)
 
 
@@ -601,6 +603,9 @@ def run(call):
         **common)
     if mode == "split" and n_part_max > 1:
         c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d)
+        # no larger than the longest sequence's partition count: the group loop is unrolled,
+        # so neutral rows past it cost time (same bits for any group size)
+        c_unroll = min(c_unroll, max(2, _next_pow2(n_part_max)))
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
         _combine_kernel[(hkv, nb, rows * c_dsplit)](
             seq_lens_ptr=call.seq_lens, v_scale_ptr=o.v_scale if has_kv_scale else dummy,
