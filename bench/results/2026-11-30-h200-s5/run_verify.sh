@@ -2,7 +2,7 @@
 # Session-5 check of the capped combine group (one device call): decode GPU tests, graph A/B.
 set -u
 TOP=${1:?out}; O=$TOP/r; mkdir -p $O
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 export PYTHONPATH=$PWD:/tmp/site:$PWD/.ficache PYTHONUNBUFFERED=1 PAGEDATTN_VALIDATE=1
 export PAGEDATTN_COMMIT=${PAGEDATTN_COMMIT:-unknown}

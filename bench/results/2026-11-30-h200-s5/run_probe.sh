@@ -2,7 +2,7 @@
 # Session-5 probe (one device call): extend per-program cost model, ncu of extend and decode.
 set -u
 TOP=${1:?out}; O=$TOP/r; mkdir -p $O
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 pack() { tar czf "$TOP/results.tgz" -C "$O" . 2>/dev/null; }
 trap pack EXIT
