@@ -106,7 +106,7 @@ def _rows(ids, start, stride_b: tl.int64, stride_t: tl.int64, PAGE: tl.constexpr
 
 
 @triton.jit
-def _tiles(acc, m_i, l_i, q, lo, hi, lk, row_pos, slope2, qk_scale, logit_cap, bt_row,
+def _tiles(acc, m_i, l_i, q, lo, hi, lk, row_pos, slope2, qk_scale, logit_cap, bt_row, bt_w,
            kc_h, vc_h, dk, dv, d_ok,
            stride_kb: tl.int64, stride_kt: tl.int64, stride_vb: tl.int64, stride_vt: tl.int64,
            VARIANT: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
@@ -122,7 +122,10 @@ def _tiles(acc, m_i, l_i, q, lo, hi, lk, row_pos, slope2, qk_scale, logit_cap, b
     k_dmask = d_ok[:, None]
     v_dmask = d_ok[None, :]
     if VARIANT >= 3:
-        nxt = _page_ids(bt_row, lo, n_pages, PAGE, BLOCK_N)  # [NP] ids of the first tile
+        # the first tile's ids, masked by the table's width only: at lo = 0 this load waits for
+        # nothing (not for lk), one round trip less before the first K/V. Ids past n_pages feed
+        # only masked loads or a loop that does not run (an unmasked tile lies below lk).
+        nxt = _page_ids(bt_row, lo, bt_w, PAGE, BLOCK_N)  # [NP]
     for start in range(lo, hi, BLOCK_N):
         jpos = start + n  # [N] absolute key position
         if VARIANT == 1:  # per-token ids, as the default loop
@@ -178,7 +181,7 @@ def _tiles(acc, m_i, l_i, q, lo, hi, lk, row_pos, slope2, qk_scale, logit_cap, b
 
 @triton.jit
 def one_pass(acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, qk_scale, logit_cap,
-             bt_row, kc_ptr, vc_ptr,
+             bt_row, bt_w, kc_ptr, vc_ptr,
              stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
              stride_kdh: tl.int64, stride_kdl: tl.int64, stride_vb: tl.int64,
              stride_vt: tl.int64, stride_vh: tl.int64, stride_vdh: tl.int64,
@@ -209,7 +212,7 @@ def one_pass(acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, qk_scale,
     for MASKED in tl.static_range(2):
         acc, m_i, l_i = _tiles(
             acc, m_i, l_i, q, full if MASKED else 0, hi if MASKED else full, lk, row_pos,
-            slope2, qk_scale, logit_cap, bt_row, kc_h, vc_h, dk, dv, d_ok, stride_kb,
+            slope2, qk_scale, logit_cap, bt_row, bt_w, kc_h, vc_h, dk, dv, d_ok, stride_kb,
             stride_kt, stride_vb, stride_vt, VARIANT, MASKED == 1, CAUSAL, PAGE, BLOCK_N,
             PAD_D, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
     return acc, m_i, l_i

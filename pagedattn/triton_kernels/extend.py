@@ -160,6 +160,7 @@ def _extend_fwd(
     kscale_ptr, vscale_ptr,  # float32 [Hkv] (dummy unless KV_FP8)
     alibi_ptr, sinks_ptr,  # float32 [Hq] (dummy unless HAS_ALIBI / HAS_SINKS)
     sm_scale, logit_cap, window,
+    bt_w,  # block-table width (entries per row)
     stride_qt: tl.int64, stride_qh: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
     stride_nt: tl.int64, stride_nh: tl.int64, stride_lt: tl.int64, stride_lh: tl.int64,
     stride_bt: tl.int64,
@@ -223,9 +224,9 @@ def _extend_fwd(
     if VARIANT != 0 and NEW_FROM_CACHE:  # no custom mask or window: one pass (launcher checks)
         acc, m_i, l_i = V.one_pass(
             acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, scale_1, logit_cap, bt_row,
-            kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
-            stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE,
-            VARIANT, PAGE, BLOCK_Q, BLOCK_N, HEAD_DIM, HEAD_DIM_P, CAUSAL, HAS_CAP, HAS_ALIBI,
+            bt_w, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
+            stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
+            V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, HEAD_DIM, HEAD_DIM_P, CAUSAL, HAS_CAP, HAS_ALIBI,
             KV_FP8, IEEE)
     else:
         # A window hides keys j <= p - W from every row once p >= tok0's position: skip those
@@ -245,9 +246,9 @@ def _extend_fwd(
             # the keys [0, prefix), all visible to every row: one_pass without the causal rule
             acc, m_i, l_i = V.one_pass(
                 acc, m_i, l_i, q, prefix, tok0, prefix, kvh, row_pos, slope2, scale_1, logit_cap,
-                bt_row, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
-                stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
-                V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, HEAD_DIM, HEAD_DIM_P, False, HAS_CAP,
+                bt_row, bt_w, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh,
+                stride_kdl, stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT,
+                K_LO_ONE, V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, HEAD_DIM, HEAD_DIM_P, False, HAS_CAP,
                 HAS_ALIBI, KV_FP8, IEEE)
         else:
             full1 = lo1 if ANY_MASK else prefix // BLOCK_N * BLOCK_N
@@ -354,7 +355,7 @@ def run(call):
         alibi_ptr=o.alibi_slopes if o.alibi_slopes is not None else dummy,
         sinks_ptr=o.sinks if o.sinks is not None else dummy,
         sm_scale=float(o.scale), logit_cap=float(o.logit_cap or 1.0),
-        window=int(o.sliding_window or 0),
+        window=int(o.sliding_window or 0), bt_w=call.block_table.shape[1],
         stride_qt=q.stride(0), stride_qh=q.stride(1),
         stride_ot=call.out.stride(0), stride_oh=call.out.stride(1),
         stride_nt=k_new.stride(0), stride_nh=k_new.stride(1),
