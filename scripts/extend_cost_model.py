@@ -35,8 +35,8 @@ def main():
         tiles = (p + a.new) / block_n
         per_wave = t * 1e6 / max(1.0, -(-programs // sms))
         pts.append((tiles, per_wave))
-        print(f"{p} {tiles:.2f} {t * 1e6:.1f} {per_wave:.2f} {flops(a.batch, p, a.new) / t / 1e12:.1f}",
-              flush=True)
+        tflops = flops(a.batch, p, a.new) / t / 1e12
+        print(f"{p} {tiles:.2f} {t * 1e6:.1f} {per_wave:.2f} {tflops:.1f}", flush=True)
         del x
     n = len(pts)
     mx = sum(u for u, _ in pts) / n

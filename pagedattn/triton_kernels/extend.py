@@ -226,8 +226,8 @@ def _extend_fwd(
             acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, scale_1, logit_cap, bt_row,
             bt_w, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
             stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
-            V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, HEAD_DIM, HEAD_DIM_P, CAUSAL, HAS_CAP, HAS_ALIBI,
-            KV_FP8, IEEE)
+            V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, HEAD_DIM, HEAD_DIM_P, CAUSAL, HAS_CAP,
+            HAS_ALIBI, KV_FP8, IEEE)
     else:
         # A window hides keys j <= p - W from every row once p >= tok0's position: skip those
         # tiles.
@@ -248,8 +248,8 @@ def _extend_fwd(
                 acc, m_i, l_i, q, prefix, tok0, prefix, kvh, row_pos, slope2, scale_1, logit_cap,
                 bt_row, bt_w, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh,
                 stride_kdl, stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT,
-                K_LO_ONE, V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, HEAD_DIM, HEAD_DIM_P, False, HAS_CAP,
-                HAS_ALIBI, KV_FP8, IEEE)
+                K_LO_ONE, V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, HEAD_DIM, HEAD_DIM_P, False,
+                HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
         else:
             full1 = lo1 if ANY_MASK else prefix // BLOCK_N * BLOCK_N
             for MASKED in tl.static_range(2):
