@@ -429,21 +429,24 @@ MAX_ROWS = 256  # G * Lq rows per program
 # did 3 warp-shuffle reductions per partition: ~0.09 us per partition). H200, session 5
 # (bench/results/2026-11-30-h200-s5/combine_*.log), (1, 32768) 32/8 from CUDA graphs: 44.1 us
 # with (8, 1, 1, 1), 40.2 with (8, 1, 4, 1), 40.6 with (16, 1, 4, 1), 38.9 with (32, 1, 4, 1)
-# (combine kernel 8.5 -> 3.2 us); (8, 8192) and (1, 4096) within 1 %. The launcher caps UNROLL
-# at the batch's largest partition count: with 32 always, B32 L2048 (4 partitions) lost 5-8 %
-# (ab_decode_cuda_graph.md). Pipelining the group loop measured slower (session 4); launching
+# (combine kernel 8.5 -> 3.2 us); (8, 8192) and (1, 4096) within 1 %. _combine_config caps
+# UNROLL at the batch's largest partition count: with 32 always, B32 L2048 (4 partitions) lost
+# 5-8 % (ab_decode_cuda_graph.md). Pipelining the group loop measured slower (session 4); launching
 # the combine as a programmatic dependent (_pdl) saved 0.4-0.7 us.
 # PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT[,STAGES]]" overrides (A/B runs); outputs are the
 # same bits for every value.
 SPLIT_COMBINE = (32, 1, 4, 1)
 
 
-def _combine_config(block_d):
+def _combine_config(block_d, n_part_max):
     env = os.environ.get("PAGEDATTN_DECODE_COMBINE")
     cfg = tuple(int(x) for x in env.split(",")) if env else SPLIT_COMBINE
     unroll, warps, dsplit, stages = (cfg + SPLIT_COMBINE[len(cfg):])[:4]
-    # >= 32 columns per program: one warp then holds whole columns (no shuffles)
-    return unroll, warps, max(1, min(dsplit, block_d // 32)), max(1, stages)
+    # no larger than the longest sequence's partition count: the group loop is unrolled, so
+    # neutral rows past it cost time (same bits for any group size); >= 32 columns per program:
+    # one warp then holds whole columns (no shuffles)
+    return (min(unroll, max(2, _next_pow2(n_part_max))), warps,
+            max(1, min(dsplit, block_d // 32)), max(1, stages))
 
 
 def _pdl(device):
@@ -602,10 +605,7 @@ def run(call):
         BLOCK_M=block_m, num_warps=num_warps, num_stages=num_stages,
         **common)
     if mode == "split" and n_part_max > 1:
-        c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d)
-        # no larger than the longest sequence's partition count: the group loop is unrolled,
-        # so neutral rows past it cost time (same bits for any group size)
-        c_unroll = min(c_unroll, max(2, _next_pow2(n_part_max)))
+        c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
         _combine_kernel[(hkv, nb, rows * c_dsplit)](
             seq_lens_ptr=call.seq_lens, v_scale_ptr=o.v_scale if has_kv_scale else dummy,
