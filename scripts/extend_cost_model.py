@@ -12,7 +12,8 @@ import argparse
 import torch
 
 from bench import common as C
-from bench.bench_extend import HKV, flops, make_inputs, run_triton
+from bench.bench_extend import D, HKV, HQ, flops, make_inputs, run_triton
+from pagedattn.triton_kernels import _extend_configs as EC
 
 
 def main():
@@ -22,7 +23,9 @@ def main():
     ap.add_argument("--prefixes", default="0,128,256,512,1024,2048,4096")
     a = ap.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    block_q, block_n = 32, 128  # the sm_90 default tile for D 128, group 4 (BLOCK_M 128)
+    group = HQ // HKV  # a power of 2: the kernel's padded group is the group itself
+    cfg = EC.default_config(torch.device("cuda"), D, group, a.new)  # the launcher's tiles
+    block_q, block_n = cfg.block_m // group, cfg.block_n
     programs = a.batch * HKV * -(-a.new // block_q)
     waves = programs / sms
     print(f"batch {a.batch}, new {a.new}: {programs} programs on {sms} SMs = {waves:.2f} waves")
