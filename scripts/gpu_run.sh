@@ -12,20 +12,10 @@ OUT_DIR=$TOP/r  # everything lands here; TOP gets results.tgz (the device tool r
 has() { case ",$WHAT," in *",$1,"*) return 0;; esac; return 1; }
 mkdir -p "$OUT_DIR"
 cd "$(dirname "$0")/.."
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-# FlashInfer kernels prebuilt for sm_90a on the CPU machine (.ficache/README.txt): no JIT here
-[ -d .ficache/flashinfer_jit_cache ] && export PYTHONPATH=${PYTHONPATH:-}:$PWD/.ficache
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
-export PYTHONUNBUFFERED=1 PAGEDATTN_VALIDATE=1
-# the device copy has no .git: pass PAGEDATTN_COMMIT=$(git rev-parse --short HEAD) from here
-export PAGEDATTN_COMMIT=${PAGEDATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+PACK_DIR=$OUT_DIR
+. scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT_DIR/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT_DIR/device.txt"
-pack() { tar czf "$TOP/results.tgz" -C "$OUT_DIR" . 2>/dev/null; }
-trap pack EXIT
 if has tune; then
   [ -n "${SKIP_VARIANTS:-}" ] || timeout ${VARIANTS_TIMEOUT:-300} python3 scripts/extend_variants.py --out "$OUT_DIR" ${VARIANT_ROWS:+--rows $VARIANT_ROWS} ${VARIANT_ARGS:-} 2>&1 | tee "$OUT_DIR/extend_variants.log" | tail -40
   [ -n "${SKIP_SWEEP:-}" ] || timeout ${SWEEP_TIMEOUT:-200} python3 scripts/decode_sweep.py 16 ${SWEEP_ARGS:---quick} 2>&1 | tee "$OUT_DIR/decode_sweep16.log" | grep -E "BEST|read bw|failed"

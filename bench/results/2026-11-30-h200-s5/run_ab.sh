@@ -3,11 +3,8 @@
 set -u
 TOP=${1:?out}; O=$TOP/r; mkdir -p $O
 cd "$(dirname "$0")/../../.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH=$PWD:/tmp/site:$PWD/.ficache PYTHONUNBUFFERED=1 PAGEDATTN_VALIDATE=1
-export PAGEDATTN_COMMIT=${PAGEDATTN_COMMIT:-unknown}
-pack() { tar czf "$TOP/results.tgz" -C "$O" . 2>/dev/null; }
-trap pack EXIT
+PACK_DIR=$O
+. scripts/device_env.sh  # wheels, PYTHONPATH, PAGEDATTN_VALIDATE=1, commit label, pack at exit
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > $O/device.txt
 # HIP builds (CPU) in the background while the Triton A/B uses the GPU
 (python3 -c "from pagedattn.hip_kernels import build; build.load()" > $O/build_default.log 2>&1) &
