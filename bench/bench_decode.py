@@ -1,4 +1,4 @@
-"""Paged decode benchmark (issue 4): Triton kernel vs torch SDPA vs FlashInfer, % of read BW.
+"""Paged decode benchmark (issues 4, 6): Triton and HIP kernels vs torch SDPA vs FlashInfer.
 
 Shapes: Hq/Hkv 32/8 and 32/32, D 128, bf16, block 16 and 64, (batch, ctx) in
 (1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512); layout bhsd (= FlashInfer HND).
@@ -14,6 +14,8 @@ Shapes: Hq/Hkv 32/8 and 32/32, D 128, bf16, block 16 and 64, (batch, ctx) in
   its three paths: ``flashinfer`` (tensor cores, backend "auto": FA3 on sm_90),
   ``flashinfer_fa2`` (tensor cores, FA2) and ``flashinfer_cuda`` (``use_tensor_cores=False``).
   Every peer is wrapped in try/except: a failure is a note in the table, never a crash.
+* ``hip``: the hand-written HIP/CUDA backend (issue 6), timed like ``triton`` (its build is a
+  JIT compile on first use; a failure is a note).
 
 Usage: ``python -m bench.bench_decode [--quick] [--out DIR] [--mode one_pass|split]``.
 On a CPU it runs one tiny shape under the Triton interpreter and says so (timings meaningless).
@@ -171,6 +173,8 @@ def main(argv=None):
                 peers = {"triton": lambda: (lambda: pa.paged_decode(
                     q, k, v, table, lens, backend="triton", out=out, validate=False))}
                 if device == "cuda":
+                    peers["hip"] = lambda: (lambda: pa.paged_decode(
+                        q, k, v, table, lens, backend="hip", out=out, validate=False))
                     peers["sdpa"] = lambda: _sdpa(q, k, v, table, lens, bs)
                     if fi_note == "available":  # its three decode paths; the best is the peer
                         peers["flashinfer"] = lambda: _flashinfer(q, k, v, table, lens, bs)
