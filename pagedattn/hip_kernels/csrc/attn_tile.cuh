@@ -53,7 +53,10 @@ PK_DEVICE void load_q(Frag (&qf)[Cfg::kDTiles], const AttnParams& p, int64_t tok
 // 16-token tiles). lim[r]: last visible key of the lane's accumulator row r (-1: none);
 // c = softmax scale * log2(e) (* k_scale). kfrag(tb, kk): K operand (16 tokens from tile row tb,
 // 16 d from 16 kk); vfrag(tb, n): V^T operand (16 d from 16 n, 16 tokens from tb).
-template <class Cfg, class KF, class VF>
+// MASK = false: the caller knows every key of the tile is visible to every row it will write
+// (rows past the group then carry finite garbage that is never written). LAZY: skip O *= corr
+// when no row of the wave raised its max (corr == 1 exactly: the same bits).
+template <class Cfg, bool MASK = true, bool LAZY = false, class KF, class VF>
 PK_DEVICE void consume_tile(RowState<Cfg::kDTiles>& st, const Frag (&qf)[Cfg::kDTiles], int c0,
                             const int (&lim)[kRows], float c, int ts, int lane, KF&& kfrag,
                             VF&& vfrag) {
@@ -77,7 +80,7 @@ PK_DEVICE void consume_tile(RowState<Cfg::kDTiles>& st, const Frag (&qf)[Cfg::kD
 #pragma unroll
     for (int i = 0; i < kAccSlots; ++i) {
       const int j = tb + acc_y(lane, i);
-      const float v = j <= lim[acc_row(i)] ? s[tt].v[i] * c : kNegInf;
+      const float v = !MASK || j <= lim[acc_row(i)] ? s[tt].v[i] * c : kNegInf;
       s[tt].v[i] = v;
       mx[acc_row(i)] = fmax(mx[acc_row(i)], v);
     }
@@ -103,13 +106,19 @@ PK_DEVICE void consume_tile(RowState<Cfg::kDTiles>& st, const Frag (&qf)[Cfg::kD
     pf[tt] = acc_to_frag<QT>(s[tt]);  // (16 rows, 16 tokens in acc_y order)
   }
   // Phase 4: O = O * corr + P V.
+  bool same = LAZY;
 #pragma unroll
-  for (int n = 0; n < Cfg::kDTiles; ++n) {
+  for (int r = 0; r < kRows; ++r) same = same && corr[r] == 1.f;
+  if (!LAZY || !all_lanes(same)) {
 #pragma unroll
-    for (int i = 0; i < kAccSlots; ++i) st.o[n].v[i] *= corr[acc_row(i)];
+    for (int n = 0; n < Cfg::kDTiles; ++n)
+#pragma unroll
+      for (int i = 0; i < kAccSlots; ++i) st.o[n].v[i] *= corr[acc_row(i)];
+  }
+#pragma unroll
+  for (int n = 0; n < Cfg::kDTiles; ++n)
 #pragma unroll
     for (int tt = 0; tt < TT; ++tt) mma_nt<QT>(st.o[n], pf[tt], vfrag((ts * TT + tt) * 16, n));
-  }
 }
 
 // Merge the kTokSplit token slices of every row tile into its wave with ts == 0, which then holds

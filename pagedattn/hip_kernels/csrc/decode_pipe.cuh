@@ -92,14 +92,15 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks)
   constexpr int KS = Cfg::kKStride, NS = Cfg::kStages, SE = Cfg::kStageElems;
   constexpr int VTS = Cfg::kVtStride;
   constexpr int VPR = D / 8;     // 16-byte vectors per K/V row
-  constexpr int RPU = NT / VPR;  // rows one pass of the block covers
+  constexpr int RPT = Cfg::kUnits;  // K/V rows per thread: consecutive tokens, within one page
   constexpr int TVR = T / 8;     // hcu: 16-byte token vectors per V^T row
   constexpr int DPU = NT / TVR;  // hcu: V^T rows one pass covers
   // Preconditions (host-checked): page_size a power of 2 >= 16; partition_size % 64 == 0, so
   // tiles never straddle a partition and a 16-byte vector never straddles a page; cache base
   // pointers 16-byte aligned, k/v strides multiples of 8; q strides even.
   static_assert(Cfg::kPipe && Cfg::kMode == Mode::kDecode, "16-bit decode configs only");
-  static_assert(NT % VPR == 0 && Cfg::kUnits * RPU == T, "K/V copies cover the tile once");
+  static_assert(NT % VPR == 0 && NT / VPR * RPT == T, "K/V copies cover the tile once");
+  static_assert(16 % RPT == 0, "a thread's rows lie in one page (page >= 16)");
   static_assert(NT % TVR == 0 && Cfg::kUnits * DPU == D, "V^T copies cover the tile once");
   extern __shared__ __align__(16) uint8_t pk_dyn_smem[];
   uint16_t* stages = reinterpret_cast<uint16_t*>(pk_dyn_smem);  // (NS, SE) 16-bit
@@ -115,7 +116,7 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks)
   const int64_t i_end = n_items * (blockIdx.x + 1) / gridDim.x;
 
   const int lg_page = __ffs(p.page_size) - 1, pmask = p.page_size - 1;
-  const int vec = tid % VPR, row0 = tid / VPR;         // this thread's column / first row
+  const int vec = tid % VPR, row0 = tid / VPR * RPT;   // this thread's column / first row
   const int tv0 = (tid % TVR) * 8, drow0 = tid / TVR;  // hcu: its token vector / first d row
   // Byte strides; in-page offsets fit 32 bits, the page term is 64-bit.
   const uint64_t ksb = p.k_stride_block * 2, vsb = p.v_stride_block * 2;
@@ -125,20 +126,18 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks)
   const char* vcache = static_cast<const char*>(p.v_cache);
 
   // ---- Issuing side: wi, and the table entries of its tile's rows (read one issue ahead, so
-  // that no copy waits on a table read; 0 for keys past ctx: those copies read nothing) -------
+  // that no copy waits on a table read; 0 when the rows are past ctx: those copies read
+  // nothing). A thread copies RPT consecutive rows, all in one page: one entry per tile. ----
   Walker wi = walker_start(i_begin, i_end, p);
-  uint32_t nblk[Cfg::kUnits];  // K (and V) rows u * RPU + row0
-  uint32_t nvblk = 0;          // hcu V: the token vector tv0
+  uint32_t nblk = 0;   // K (and V) rows row0 .. row0 + RPT - 1
+  uint32_t nvblk = 0;  // hcu V: the token vector tv0
   auto load_blocks = [&]() {
     const int* trow = p.block_table + int64_t(wi.seq) * p.table_stride;
-#pragma unroll
-    for (int u = 0; u < Cfg::kUnits; ++u) {
-      const int tok = wi.c0 + u * RPU + row0;
-      nblk[u] = wi.valid && tok < wi.ctx ? trow[tok >> lg_page] : 0;
-    }
+    const int tok = wi.c0 + row0;
+    nblk = wi.valid && tok < wi.ctx ? trow[tok >> lg_page] : 0;
     if constexpr (Cfg::kVTrans) {
-      const int tok = wi.c0 + tv0;
-      nvblk = wi.valid && tok < wi.ctx ? trow[tok >> lg_page] : 0;
+      const int tv = wi.c0 + tv0;
+      nvblk = wi.valid && tv < wi.ctx ? trow[tv >> lg_page] : 0;
     }
   };
   // Copy wi's tile into stage st (keys past ctx become zeros), step wi, read its next entries.
@@ -147,24 +146,23 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks)
     if (wi.valid) {
       uint16_t* ks = stages + st * SE;  // (T, KS)
       uint16_t* vs = ks + T * KS;       // (T, KS), hcu (D, VTS)
-      const char* kb = kcache + int64_t(wi.kvh) * p.k_stride_head * 2;
-      const char* vb = vcache + int64_t(wi.kvh) * p.v_stride_head * 2;
+      const int tok0 = wi.c0 + row0, off0 = tok0 & pmask;
+      const char* ksrc = kcache + int64_t(wi.kvh) * p.k_stride_head * 2 + nblk * ksb +
+                         (off0 * kst + vec * 16);
 #pragma unroll
-      for (int u = 0; u < Cfg::kUnits; ++u) {
-        const int row = u * RPU + row0, tok = wi.c0 + row;
-        const bool ok = tok < wi.ctx;
-        const int off = tok & pmask;
-        cp_async16(ks + row * KS + vec * 8, kb + nblk[u] * ksb + (off * kst + vec * 16),
-                   ok ? 16 : 0);
-        if constexpr (!Cfg::kVTrans)
-          cp_async16(vs + row * KS + vec * 8, vb + nblk[u] * vsb + (off * vst + vec * 16),
-                     ok ? 16 : 0);
-      }
-      if constexpr (Cfg::kVTrans) {  // 8 tokens of one d: contiguous, within one page
+      for (int u = 0; u < RPT; ++u)
+        cp_async16(ks + (row0 + u) * KS + vec * 8, ksrc + u * kst, tok0 + u < wi.ctx ? 16 : 0);
+      if constexpr (!Cfg::kVTrans) {
+        const char* vsrc = vcache + int64_t(wi.kvh) * p.v_stride_head * 2 + nblk * vsb +
+                           (off0 * vst + vec * 16);
+#pragma unroll
+        for (int u = 0; u < RPT; ++u)
+          cp_async16(vs + (row0 + u) * KS + vec * 8, vsrc + u * vst, tok0 + u < wi.ctx ? 16 : 0);
+      } else {  // 8 tokens of one d: contiguous, within one page
         const int tok = wi.c0 + tv0;
-        const bool ok = tok < wi.ctx;
-        const char* vsrc = vb + nvblk * vsb + (tok & pmask) * vst;
-        const int nbytes = ok ? min(16, 2 * (wi.ctx - tok)) : 0;  // partial vector: zero the tail
+        const char* vsrc = vcache + int64_t(wi.kvh) * p.v_stride_head * 2 + nvblk * vsb +
+                           (tok & pmask) * vst;
+        const int nbytes = tok < wi.ctx ? min(16, 2 * (wi.ctx - tok)) : 0;  // zero the tail
 #pragma unroll
         for (int u = 0; u < Cfg::kUnits; ++u) {
           const int d = u * DPU + drow0;
@@ -177,19 +175,13 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks)
     cp_async_commit();
   };
 
-  // Prologue: tiles 0 .. NS-2 in flight.
-  load_blocks();
-#pragma unroll
-  for (int s = 0; s < NS - 1; ++s) issue(s);
-
   // ---- Consuming side: wc, the rows of its (sequence, head group), the softmax state --------
   Walker wc = walker_start(i_begin, i_end, p);
   const int pairs = p.num_kv_heads * p.blocks_per_kv_head;
-  auto rows_of = [&](int64_t pair, int& seq, int& kvh, int& head0) {  // -> nrows
+  auto rows_of = [&](int64_t pair, int& seq, int& head0) {  // -> nrows
     seq = int(pair / pairs);
     const int hb = int(pair - int64_t(seq) * pairs);
-    kvh = hb / p.blocks_per_kv_head;
-    const int hg = hb - kvh * p.blocks_per_kv_head;
+    const int kvh = hb / p.blocks_per_kv_head, hg = hb - kvh * p.blocks_per_kv_head;
     head0 = kvh * p.group + hg * p.heads_per_block;
     return min(p.heads_per_block, p.group - hg * p.heads_per_block);
   };
@@ -200,6 +192,34 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks)
   int64_t q_pair = -1, qn_pair = -1;
   int lim[kRows], nrows = 0, head0 = 0;
   bool active = false;
+  auto enter_pair = [&]() {  // wc is at a new (sequence, head group): rows, key limit, queries
+    int seq;
+    nrows = rows_of(wc.pair, seq, head0);
+    if (kPrefetchQ && wc.pair == qn_pair) {
+#pragma unroll
+      for (int kk = 0; kk < Cfg::kDTiles; ++kk) qf[kk] = qn[kk];
+    } else {
+      load_q<Cfg>(qf, p, seq, head0, true, nrows, rt, lane);
+    }
+    q_pair = wc.pair;
+    if (kPrefetchQ && (wc.pair + 1) * p.max_partitions < i_end) {  // the run's next pair
+      int nseq, nhead0;
+      const int nn = rows_of(wc.pair + 1, nseq, nhead0);
+      load_q<Cfg>(qn, p, nseq, nhead0, true, nn, rt, lane);
+      qn_pair = wc.pair + 1;
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      lim[r] = rt * 16 + acc_x(lane, 2 * r) >= nrows ? -1 : wc.ctx - 1;
+    active = rt * 16 < nrows;
+  };
+  if (wc.valid) enter_pair();  // the first queries load under the pipeline fill
+
+  // Prologue: tiles 0 .. NS-2 in flight.
+  load_blocks();
+#pragma unroll
+  for (int s = 0; s < NS - 1; ++s) issue(s);
+
   RowState<Cfg::kDTiles> rs;
   rs.reset();
   const bool direct = p.max_partitions == 1;
@@ -212,39 +232,21 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks)
     __syncthreads();
     issue(wr);
 
-    const int64_t pair = wc.pair;
-    if (pair != q_pair) {  // a new (sequence, head group): its rows, key limit, query fragments
-      int seq, kvh;
-      nrows = rows_of(pair, seq, kvh, head0);
-      if (kPrefetchQ && pair == qn_pair) {
-#pragma unroll
-        for (int kk = 0; kk < Cfg::kDTiles; ++kk) qf[kk] = qn[kk];
-      } else {
-        load_q<Cfg>(qf, p, seq, head0, true, nrows, rt, lane);
-      }
-      q_pair = pair;
-      if (kPrefetchQ && (pair + 1) * p.max_partitions < i_end) {  // the run's next pair
-        int nseq, nkvh, nhead0;
-        const int nn = rows_of(pair + 1, nseq, nkvh, nhead0);
-        load_q<Cfg>(qn, p, nseq, nhead0, true, nn, rt, lane);
-        qn_pair = pair + 1;
-      }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        lim[r] = rt * 16 + acc_x(lane, 2 * r) >= nrows ? -1 : wc.ctx - 1;
-      active = rt * 16 < nrows;
-    }
+    if (wc.pair != q_pair) enter_pair();
 
     const uint16_t* ks = stages + rd * SE;
     const uint16_t* vs = ks + T * KS;
-    if (active)
-      consume_tile<Cfg>(
-          rs, qf, wc.c0, lim, p.scale_log2, ts, lane,
-          [&](int tb, int kk) { return ldsm_rows(ks + tb * KS + 16 * kk, KS, lane); },
-          [&](int tb, int n) {
-            if constexpr (Cfg::kVTrans) return ldsm_rows(vs + 16 * n * VTS + tb, VTS, lane);
-            else return ldsm_cols(vs + tb * KS + 16 * n, KS, lane);
-          });
+    auto kfrag = [&](int tb, int kk) { return ldsm_rows(ks + tb * KS + 16 * kk, KS, lane); };
+    auto vfrag = [&](int tb, int n) {
+      if constexpr (Cfg::kVTrans) return ldsm_rows(vs + 16 * n * VTS + tb, VTS, lane);
+      else return ldsm_cols(vs + tb * KS + 16 * n, KS, lane);
+    };
+    if (active) {  // a tile below ctx needs no mask (the last one of a sequence does)
+      if (wc.c0 + T <= wc.ctx)
+        consume_tile<Cfg, false, true>(rs, qf, wc.c0, lim, p.scale_log2, ts, lane, kfrag, vfrag);
+      else
+        consume_tile<Cfg, true, true>(rs, qf, wc.c0, lim, p.scale_log2, ts, lane, kfrag, vfrag);
+    }
 
     if (wc.c0 + T >= wc.kend) {  // the item's last tile: merge, write, reset
       float big_m[kRows], big_l[kRows];
