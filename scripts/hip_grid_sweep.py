@@ -5,10 +5,11 @@ resident slots (k = 1: one wave, each block a long run of items) up to one block
 (the pre-persistent launch). µs per call from CUDA graphs of 10 calls (bench.common.time_fn);
 the bits are the same for every block count (tests/test_hip_backend.py).
 
-usage: python scripts/hip_grid_sweep.py [--mults 1,2,4,8,16,0] [--shapes all|issue|ab]
+usage: python scripts/hip_grid_sweep.py [--mults 1,2,4,8,16,0] [--shapes all|issue|ab|quick]
        (0 = one block per item)
 """
 import argparse
+import inspect
 import math
 
 import torch
@@ -21,6 +22,9 @@ ISSUE = [(b, c, 32, 8) for b, c in [(1, 32768), (8, 8192), (64, 4096), (256, 204
 ISSUE += [(8, 8192, 32, 32), (128, 512, 32, 32), (1, 32768, 32, 32)]
 AB = [(b, c, 32, 8) for b, c in [(1, 4096), (8, 4096), (32, 2048), (64, 8192), (128, 1024),
                                  (16, 32768)]]
+
+
+HAS_BLOCKS = "grid_blocks" in inspect.signature(H.decode_raw).parameters
 
 
 def case(batch, ctx, hq, hkv, bs=16, d=128, gen=None):
@@ -38,10 +42,11 @@ def case(batch, ctx, hq, hkv, bs=16, d=128, gen=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mults", default="1,2,4,8,16,0")
-    ap.add_argument("--shapes", default="all", choices=["all", "issue", "ab"])
+    ap.add_argument("--shapes", default="all", choices=["all", "issue", "ab", "quick"])
     a = ap.parse_args()
     mults = [int(x) for x in a.mults.split(",")]
-    shapes = {"all": ISSUE + AB, "issue": ISSUE, "ab": AB}[a.shapes]
+    quick = [AB[0], AB[1], AB[3], ISSUE[4], ISSUE[0]]
+    shapes = {"all": ISSUE + AB, "issue": ISSUE, "ab": AB, "quick": quick}[a.shapes]
     slots = 2 * torch.cuda.get_device_properties(0).multi_processor_count  # D 128: 2 per SM
     gen = torch.Generator().manual_seed(0)
     print(f"resident slots (D 128, 2 blocks per SM): {slots}")
@@ -55,7 +60,8 @@ def main():
         cells = []
         for m in mults:
             blocks = m * slots if m else 1 << 30
-            t = time_fn(lambda: H.decode_raw(q, k, v, table, lens, out, grid_blocks=blocks),
+            kw = {"grid_blocks": blocks} if HAS_BLOCKS else {}  # older trees: one block per item
+            t = time_fn(lambda: H.decode_raw(q, k, v, table, lens, out, **kw),
                         device="cuda", cuda_graph=True, graph_calls=10, rep=50) * 1e6
             cells.append(f"{t:.1f} ({t_tri / t:.2f})")
         print(f"B{batch} L{ctx} {hq}/{hkv} | {t_tri:.1f} | " + " | ".join(cells), flush=True)

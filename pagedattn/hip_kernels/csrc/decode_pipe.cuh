@@ -27,6 +27,13 @@
 #include "attn_kernel.cuh"
 #include "pk_pipe.h"
 
+#ifndef PK_DECODE_LAZY
+#define PK_DECODE_LAZY 1  // skip O *= corr when no row max moved (same bits)
+#endif
+#ifndef PK_DECODE_FULL_TILES
+#define PK_DECODE_FULL_TILES 1  // no mask on tiles below ctx
+#endif
+
 #if PK_PIPE_ENABLED
 namespace pk {
 
@@ -241,11 +248,12 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks)
       if constexpr (Cfg::kVTrans) return ldsm_rows(vs + 16 * n * VTS + tb, VTS, lane);
       else return ldsm_cols(vs + tb * KS + 16 * n, KS, lane);
     };
+    constexpr bool kLazy = PK_DECODE_LAZY;
     if (active) {  // a tile below ctx needs no mask (the last one of a sequence does)
-      if (wc.c0 + T <= wc.ctx)
-        consume_tile<Cfg, false, true>(rs, qf, wc.c0, lim, p.scale_log2, ts, lane, kfrag, vfrag);
+      if (PK_DECODE_FULL_TILES && wc.c0 + T <= wc.ctx)
+        consume_tile<Cfg, false, kLazy>(rs, qf, wc.c0, lim, p.scale_log2, ts, lane, kfrag, vfrag);
       else
-        consume_tile<Cfg, true, true>(rs, qf, wc.c0, lim, p.scale_log2, ts, lane, kfrag, vfrag);
+        consume_tile<Cfg, true, kLazy>(rs, qf, wc.c0, lim, p.scale_log2, ts, lane, kfrag, vfrag);
     }
 
     if (wc.c0 + T >= wc.kend) {  // the item's last tile: merge, write, reset
