@@ -15,7 +15,7 @@ PRE = "import sys\nsys.path[:0] = [%r, %r]\n" % (os.path.join(ROOT, "tests"), RO
 def call(q, out):
     try:
         ops.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, out, None, None,
-                         None, 0, 0.125, 512, 0, 0)
+                         None, 0, 0.125, 512, 0)
     except RuntimeError as e:
         print("raised:", str(e).splitlines()[0][:120], flush=True)
     else:

@@ -121,24 +121,13 @@ def _ops():
     return build.load()
 
 
-def grid_blocks_env() -> int:
-    """PAGEDATTN_HIP_DECODE_BLOCKS: blocks of the persistent NVIDIA decode (0/unset: one per
-    resident slot). Any value gives the same bits (tested); for A/B runs."""
-    raw = os.environ.get("PAGEDATTN_HIP_DECODE_BLOCKS", "").strip() or "0"
-    if not raw.isdigit():
-        raise ValueError(f"PAGEDATTN_HIP_DECODE_BLOCKS must be a non-negative integer, got {raw!r}")
-    return int(raw)
-
-
 def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd", scale=None,
                k_scale=None, v_scale=None, partition_size=None, lse=None,
-               q_head_grid=False, grid_blocks=None) -> None:
+               q_head_grid=False) -> None:
     """Launch the decode kernel directly (no validation beyond the C++ host checks).
 
     q_head_grid=True selects the upstream v1/v2 grid (one program per query head, each re-reading
     its KV head) instead of the KV-head grid, for the §5.2.3 comparison in bench/bench_hip.py.
-    grid_blocks: blocks of the persistent NVIDIA decode (16-bit caches); None reads
-    PAGEDATTN_HIP_DECODE_BLOCKS, 0 = one per resident slot. The bits do not depend on it.
     """
     g = L.cache_geometry(k_cache, layout)
     group = q.shape[1] // g.num_kv_heads
@@ -147,8 +136,7 @@ def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd"
     # depend on the sequence only, never on the batch
     part = default_partition_size(group, partition_size)
     _ops().paged_decode(q, k_cache, v_cache, block_table, seq_lens, out, lse, k_scale, v_scale,
-                        LAYOUT_CODES[layout], float(scale), part, int(q_head_grid),
-                        grid_blocks_env() if grid_blocks is None else int(grid_blocks))
+                        LAYOUT_CODES[layout], float(scale), part, int(q_head_grid))
 
 
 def paged_decode(call):

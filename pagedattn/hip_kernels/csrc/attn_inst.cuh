@@ -5,7 +5,6 @@
 #include <atomic>
 
 #include "attn_kernel.cuh"
-#include "decode_pipe.cuh"
 
 namespace pk {
 
@@ -27,9 +26,9 @@ namespace pk {
 constexpr int head_tiles_for(int reuse) { return reuse <= 16 ? 1 : reuse <= 32 ? 2 : 4; }
 
 // Dynamic shared memory above 48 KB needs a per-device opt-in (NVIDIA; the pipelined decode).
-// Done once per device and config (each config launches one kernel); nullptr or the error.
-template <class Cfg, class Kernel>
-const char* opt_in_smem(Kernel kernel) {
+// Done once per device and kernel; nullptr or the error.
+template <class Cfg>
+const char* opt_in_smem() {
 #if defined(PK_CUDA)
   if constexpr (Cfg::dynamic_smem() > 48 * 1024) {
     static std::atomic<uint64_t> done{0};  // bit d: device d opted in
@@ -37,49 +36,20 @@ const char* opt_in_smem(Kernel kernel) {
     if (cudaGetDevice(&dev) != cudaSuccess) return last_launch_error();
     const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
     if (bit && (done.load(std::memory_order_relaxed) & bit)) return nullptr;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (cudaFuncSetAttribute(attn_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              Cfg::dynamic_smem()) != cudaSuccess)
       return last_launch_error();
     done.fetch_or(bit, std::memory_order_relaxed);
   }
-#else
-  (void)kernel;
 #endif
   return nullptr;
 }
 
 template <class Cfg>
 const char* launch_attn(const AttnParams& p, stream_t stream) {
-#if PK_PIPE_ENABLED
-  if constexpr (Cfg::kPipe) {  // persistent decode: one block per resident slot (one wave)
-    if (const char* err = opt_in_smem<Cfg>(decode_pipe_kernel<Cfg>)) return err;
-    static std::atomic<int> slots_of[64];  // per device, 0 = not yet known
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return last_launch_error();
-    int slots = dev < 64 ? slots_of[dev].load(std::memory_order_relaxed) : 0;
-    if (slots == 0) {
-      int per_sm = 0, sms = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_pipe_kernel<Cfg>,
-                                                        Cfg::kThreads, Cfg::dynamic_smem()) !=
-              cudaSuccess ||
-          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        return last_launch_error();
-      slots = (per_sm > 0 ? per_sm : 1) * (sms > 0 ? sms : 1);
-      if (dev < 64) slots_of[dev].store(slots, std::memory_order_relaxed);
-    }
-    const int64_t items =
-        int64_t(p.num_seqs) * p.num_kv_heads * p.blocks_per_kv_head * p.max_partitions;
-    const int64_t want = p.grid_blocks > 0 ? p.grid_blocks : slots;
-    const int blocks = int(want < items ? want : items);
-    decode_pipe_kernel<Cfg><<<dim3(blocks), Cfg::block(), Cfg::dynamic_smem(), stream>>>(p);
-    return last_launch_error();
-  } else
-#endif
-  {
-    if (const char* err = opt_in_smem<Cfg>(attn_kernel<Cfg>)) return err;
-    attn_kernel<Cfg><<<Cfg::grid(p), Cfg::block(), Cfg::dynamic_smem(), stream>>>(p);
-    return last_launch_error();
-  }
+  if (const char* err = opt_in_smem<Cfg>()) return err;
+  attn_kernel<Cfg><<<Cfg::grid(p), Cfg::block(), Cfg::dynamic_smem(), stream>>>(p);
+  return last_launch_error();
 }
 
 template <class QT, class KVT, int D, bool VT>

@@ -13,21 +13,22 @@
 //            k_delta / v_delta, reference §5.3.3), overlapping phases 3-4.
 //   Phase 3: S = Q K^T (Q in registers), mask, online softmax in the exp2 domain.
 //   Phase 4: O += P V with P converted in registers (acc_to_frag).
-// Then: merge token slices, normalise, write out/lse (one partition) or the split-KV partials
-// (attn_tile.cuh holds phases 3-4 and these end steps).
+// Then: merge token slices, normalise, write out/lse (one partition) or the split-KV partials.
 //
-// NVIDIA decode with a 16-bit cache (PK_DECODE_PIPELINE=1, the default) runs decode_pipe_kernel
-// instead (decode_pipe.cuh): a persistent cp.async pipeline over runs of work items, on the
-// AttnCfg below (kPipe). fp8 caches, extend, and AMD/Hygon run this register path;
-// PK_DECODE_PIPELINE=0 (build.py: PAGEDATTN_HIP_DECODE_PIPELINE=0) selects it everywhere.
+// NVIDIA decode with a 16-bit cache (PK_DECODE_PIPELINE=1, the default) replaces phases 1-2 with
+// a kStages-deep cp.async pipeline straight into dynamic shared memory (no register staging):
+//   tile i+kStages-1 is in flight while tile i is consumed; K as [T][D], V as [T][D] (hcu: its
+//   cache layout [D][T]) with padded rows; fragments are read with ldmatrix (.trans for V [T][D]).
+// fp8 caches, extend, and AMD/Hygon keep the register path. PK_DECODE_PIPELINE=0 restores it
+// everywhere (build.py: PAGEDATTN_HIP_DECODE_PIPELINE=0).
 //
 // Torch-free: compiled by the JIT build and, standalone, by csrc/compile_check.
 #pragma once
 
 #include "attn_params.h"
-#include "attn_tile.cuh"
 #include "pk_kvload.h"
 #include "pk_mma.h"
+#include "pk_pipe.h"
 
 #ifndef PK_DECODE_PIPELINE
 #define PK_DECODE_PIPELINE 1
@@ -77,19 +78,19 @@ struct AttnCfg {
   static constexpr int kRedBytes = (kTokSplit - 1) * kHeadTiles * 16 * D * 4;
   static constexpr int kSmemBytes = kTileBytes > kRedBytes ? kTileBytes : kRedBytes;
 
-  // Pipelined path (NVIDIA decode, 16-bit cache: decode_pipe.cuh). Stage s = K [T][kKStride]
-  // then V, either [T][kKStride] or, hcu, [D][kVtStride]. The padding (8 elements = 16 bytes per
-  // row) makes the 16-byte copies and the ldmatrix row reads conflict-free (consecutive rows 16
-  // banks apart). A consumed stage is the scratch of the token-slice merge (kRedBytes).
+  // Pipelined path (NVIDIA decode, 16-bit cache). Stage s = K [T][kKStride] then V, either
+  // [T][kKStride] or, hcu, [D][kVtStride]. The padding (8 elements = 16 bytes per row) makes the
+  // 16-byte copies and the ldmatrix row reads conflict-free (consecutive rows 16 banks apart).
   static constexpr int kStages = PK_DECODE_STAGES;
   static constexpr int kVtStride = kVTrans ? T + 8 : kKStride;
   static constexpr int kStageElems = T * kKStride + (kVTrans ? D : T) * kVtStride;
-  static constexpr int kPipeBytes = kStages * kStageElems * 2;
+  static constexpr int kPipeBytes =
+      kStages * kStageElems * 2 > kRedBytes ? kStages * kStageElems * 2 : kRedBytes;
   // Blocks per SM the shared memory allows (228 KB per SM, 1 KB reserved per block), capped so
-  // that the register limit it implies (64K / (128 * blocks)) causes no spills: with 2 or 4 row
-  // tiles D 64 spills at 4 blocks (128 registers), with 4 D 128 at 3 (168).
+  // that the register limit it implies (64K / (128 * blocks)) causes no spills: with 4 row
+  // tiles, D 64 spills at 4 blocks (128 registers), D 128 at 3 (168).
   static constexpr int kPipeBlocks = 228 * 1024 / (kPipeBytes + 2 * 1024);
-  static constexpr int kBlockCap = kHeadTiles == 1 ? 4 : kHeadTiles == 2 || D == 64 ? 3 : 2;
+  static constexpr int kBlockCap = kHeadTiles < 4 ? 4 : D == 128 ? 2 : 3;
   static constexpr int kMinBlocks = !kPipe ? 1 : kPipeBlocks > kBlockCap ? kBlockCap : kPipeBlocks;
 
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
@@ -99,13 +100,11 @@ struct AttnCfg {
   static_assert(kWave % (D / kEpv) == 0, "a wave's K load covers whole rows");
   static_assert(kPipe || kSmemBytes + 2 * kWaves * 16 * 4 <= 48 * 1024, "static LDS/shared limit");
   static_assert(!kPipe || (kStages >= 2 && kMinBlocks >= 1), "pipeline: >= 2 stages that fit");
-  static_assert(!kPipe || kStageElems * 2 >= kRedBytes, "a stage holds the merge scratch");
   static_assert(kMode == Mode::kDecode || kHeadTiles == 4, "extend: 64 query rows per block");
 
-  // Launch geometry of the register path. Decode: (kv_head x head group, seq, partition);
-  // extend: (query block of 64, q head, seq); its shared memory is static (<= 48 KB). The
-  // pipelined decode is persistent (a 1-D grid, attn_inst.cuh) with dynamic shared memory above
-  // 48 KB (the launcher opts in with cudaFuncSetAttribute).
+  // Launch geometry. Decode: (kv_head x head group, seq, partition); extend: (query block of
+  // 64, q head, seq). The register path's shared memory is static (<= 48 KB); the pipeline's is
+  // dynamic, above 48 KB (the launcher opts in with cudaFuncSetAttribute).
   static dim3 grid(const AttnParams& p) {
     if constexpr (kMode == Mode::kDecode)
       return dim3(p.num_kv_heads * p.blocks_per_kv_head, p.num_seqs, p.max_partitions);
@@ -151,8 +150,14 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
 
   // Preconditions (host-checked): page_size a power of 2 >= 16; partition_size % T == 0; cache
   // base pointers 16-byte aligned and k/v strides multiples of EPV; q strides even.
-  static_assert(!Cfg::kPipe, "pipelined configs run decode_pipe_kernel (decode_pipe.cuh)");
-  __shared__ __align__(16) uint8_t smem[Cfg::kSmemBytes];
+  uint8_t* smem;
+  if constexpr (Cfg::kPipe) {
+    extern __shared__ __align__(16) uint8_t pk_dyn_smem[];  // (kStages, kStageElems) 16-bit
+    smem = pk_dyn_smem;
+  } else {
+    __shared__ __align__(16) uint8_t pk_tile_smem[Cfg::kSmemBytes];
+    smem = pk_tile_smem;
+  }
   __shared__ float red_m[Cfg::kWaves][16];
   __shared__ float red_l[Cfg::kWaves][16];
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);     // (T, KS)  K tile, row = token
@@ -208,8 +213,22 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
 
   // ---- Q fragments (rows x k = D), zero rows past nrows ------------------------------------
   Frag qf[Cfg::kDTiles];  // (16, D)
-  load_q<Cfg>(qf, p, kDecode ? int64_t(seq) : int64_t(q_tok0 + row0), q_head0, kDecode, nrows,
-              rt, lane);
+  {
+    const uint16_t* qb = static_cast<const uint16_t*>(p.q);
+#pragma unroll
+    for (int r = 0; r < kFragRegs; ++r) {
+      const int x = rt * 16 + frag_row(lane, r);
+      const bool ok = x < nrows;
+      const int64_t off = kDecode
+          ? int64_t(seq) * p.q_stride_tok + int64_t(q_head0 + x) * p.q_stride_head
+          : int64_t(q_tok0 + row0 + x) * p.q_stride_tok + int64_t(q_head0) * p.q_stride_head;
+#pragma unroll
+      for (int kk = 0; kk < Cfg::kDTiles; ++kk) {
+        qf[kk].r[r] = ok ? *reinterpret_cast<const uint32_t*>(qb + off + 16 * kk + frag_k(lane, r))
+                         : 0u;
+      }
+    }
+  }
 
   // ---- KV cursor: one 64-bit base per page-subtile, advanced by deltas ------------------------
   const int page = p.page_size;
@@ -321,11 +340,177 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
     }
   };
 
-  RowState<Cfg::kDTiles> rs;
-  rs.reset();
+  // ---- Softmax state and accumulators --------------------------------------------------------
+  float m[kRows], l[kRows];  // running max (log2 units) and this lane's partial sum
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) m[r] = kNegInf, l[r] = 0.f;
+  Acc o[Cfg::kDTiles];  // (16, D): x = row, y = d
+#pragma unroll
+  for (int n = 0; n < Cfg::kDTiles; ++n) zero(o[n]);
 
-  // ---- tile ci+1 prefetched global -> regs while tile ci is consumed -------------------------
+  // Phases 3-4 on one KV tile starting at key c0. kfrag(tb, kk): K operand (16 tokens from tile
+  // row tb, 16 d from 16 kk); vfrag(tb, n): V^T operand (16 d from 16 n, 16 tokens from tb).
+  auto consume = [&](const int c0, auto&& kfrag, auto&& vfrag) {
+    if (wave_active) {
+      // Phase 3: S = Q K^T over this wave's token tiles; mask; online softmax (exp2 domain).
+      Acc s[Cfg::kTokTiles];  // (16 rows, 16 tokens) each
+#pragma unroll
+      for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
+        const int tb = (ts * Cfg::kTokTiles + tt) * 16;
+        zero(s[tt]);
+#pragma unroll
+        for (int kk = 0; kk < Cfg::kDTiles; ++kk) mma_nt<QT>(s[tt], qf[kk], kfrag(tb, kk));
+      }
+      float mx[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) mx[r] = kNegInf;
+#pragma unroll
+      for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
+        const int tb = c0 + (ts * Cfg::kTokTiles + tt) * 16;
+#pragma unroll
+        for (int i = 0; i < kAccSlots; ++i) {
+          const int j = tb + acc_y(lane, i);
+          const float v = j <= lim[acc_row(i)] ? s[tt].v[i] * c : kNegInf;
+          s[tt].v[i] = v;
+          mx[acc_row(i)] = fmax(mx[acc_row(i)], v);
+        }
+      }
+      float corr[kRows], mu[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float mn = fmax(m[r], reduce_y_max(mx[r]));
+        mu[r] = mn == kNegInf ? 0.f : mn;  // an all-masked row keeps p = 0, not NaN
+        corr[r] = exp2(m[r] - mu[r]);
+        m[r] = mn;
+        l[r] *= corr[r];
+      }
+      Frag pf[Cfg::kTokTiles];
+#pragma unroll
+      for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
+#pragma unroll
+        for (int i = 0; i < kAccSlots; ++i) {
+          const float e = exp2(s[tt].v[i] - mu[acc_row(i)]);
+          s[tt].v[i] = e;
+          l[acc_row(i)] += e;
+        }
+        pf[tt] = acc_to_frag<QT>(s[tt]);  // (16 rows, 16 tokens in acc_y order)
+      }
+      // Phase 4: O = O * corr + P V.
+#pragma unroll
+      for (int n = 0; n < Cfg::kDTiles; ++n) {
+#pragma unroll
+        for (int i = 0; i < kAccSlots; ++i) o[n].v[i] *= corr[acc_row(i)];
+#pragma unroll
+        for (int tt = 0; tt < Cfg::kTokTiles; ++tt)
+          mma_nt<QT>(o[n], pf[tt], vfrag((ts * Cfg::kTokTiles + tt) * 16, n));
+      }
+    }
+  };
+
+#if PK_PIPE_ENABLED
+  if constexpr (Cfg::kPipe) {
+    // ---- cp.async pipeline: stage (ci % kStages) holds tile ci ------------------------------
+    constexpr int NS = Cfg::kStages, SE = Cfg::kStageElems, VTS = Cfg::kVtStride;
+    constexpr int VPR = D / 8;      // 16-byte vectors per K/V row
+    constexpr int RPU = NT / VPR;   // rows one pass of the block covers
+    constexpr int TVR = T / 8;      // hcu: 16-byte token vectors per V^T row
+    constexpr int DPU = NT / TVR;   // hcu: V^T rows one pass covers
+    static_assert(NT % VPR == 0 && Cfg::kUnits * RPU == T, "K/V copies cover the tile once");
+    static_assert(NT % TVR == 0 && Cfg::kUnits * DPU == D, "V^T copies cover the tile once");
+    const int lg_page = __ffs(page) - 1, pmask = page - 1;
+    const int vec = tid % VPR, row0 = tid / VPR;         // this thread's column / first row
+    const int tv0 = (tid % TVR) * 8, drow0 = tid / TVR;  // hcu: its token vector / first d row
+    // Byte strides; in-page offsets fit 32 bits, the page term is 64-bit.
+    const uint64_t ksb = p.k_stride_block * 2, vsb = p.v_stride_block * 2;
+    const int kst = int(p.k_stride_token) * 2, vst = int(p.v_stride_token) * 2;
+    const int vsd = int(p.v_stride_dim) * 2;
+
+    // Table entries of this thread's rows of the next tile to issue, loaded one issue ahead so
+    // that no copy waits on a table read. 0 for rows past ctx or the partition: their copies
+    // read nothing, and their (unused) source address stays inside block 0.
+    uint32_t nblk[Cfg::kUnits];  // K (and V) rows u * RPU + row0
+    uint32_t nvblk = 0;          // hcu V: the token vector tv0
+    const int* trow = table;
+    asm volatile("" : "+l"(trow));  // keep the row pointer in registers (no per-load rebuild)
+    auto load_blocks = [&](int ci) {
+      const int c0 = kbeg + ci * T;
+#pragma unroll
+      for (int u = 0; u < Cfg::kUnits; ++u) {
+        const int tok = c0 + u * RPU + row0;
+        nblk[u] = ci < nchunks && tok < ctx ? trow[tok >> lg_page] : 0;
+      }
+      if constexpr (Cfg::kVTrans) {
+        const int tok = c0 + tv0;
+        nvblk = ci < nchunks && tok < ctx ? trow[tok >> lg_page] : 0;
+      }
+    };
+
+    // Copy tile ci (keys kbeg + ci*T ..) into stage `st`, then read the table for tile ci+1.
+    // Keys past ctx become zeros (0 source bytes: their memory, possibly poisoned, and their
+    // table entries are never read). Tiles start at multiples of 64 and pages are powers of
+    // 2 >= 16, so a 16-byte vector never straddles a page.
+    auto issue = [&](int ci, int st) {
+      const int c0 = kbeg + ci * T;
+      uint16_t* ks = Ks + st * SE;  // (T, KS)
+      uint16_t* vs = ks + T * KS;   // (T, KS), hcu (D, VTS)
+#pragma unroll
+      for (int u = 0; u < Cfg::kUnits; ++u) {
+        const int row = u * RPU + row0, tok = c0 + row;
+        const bool ok = tok < ctx;
+        const int off = tok & pmask;
+        cp_async16(ks + row * KS + vec * 8, kb + nblk[u] * ksb + (off * kst + vec * 16),
+                   ok ? 16 : 0);
+        if constexpr (!Cfg::kVTrans)
+          cp_async16(vs + row * KS + vec * 8, vb + nblk[u] * vsb + (off * vst + vec * 16),
+                     ok ? 16 : 0);
+      }
+      if constexpr (Cfg::kVTrans) {  // 8 tokens of one d: contiguous, within one page
+        const int tok = c0 + tv0;
+        const bool ok = tok < ctx;
+        const char* vsrc = vb + nvblk * vsb + (tok & pmask) * vst;
+        const int nbytes = ok ? min(16, 2 * (ctx - tok)) : 0;  // partial vector: zero the tail
+#pragma unroll
+        for (int u = 0; u < Cfg::kUnits; ++u) {
+          const int d = u * DPU + drow0;
+          cp_async16(vs + d * VTS + tv0, vsrc + d * vsd, nbytes);
+        }
+      }
+      load_blocks(ci + 1);
+    };
+
+    // Prologue: tiles 0 .. NS-2 in flight. Every iteration commits one group (possibly empty),
+    // so "group ci complete" is always wait_group<NS-2> after NS-1+ci commits.
+    load_blocks(0);
+#pragma unroll
+    for (int i = 0; i < NS - 1; ++i) {
+      if (i < nchunks) issue(i, i);
+      cp_async_commit();
+    }
+    int rd = 0, wr = NS - 1;  // stage of tile ci, stage of tile ci + NS - 1
+    for (int ci = 0; ci < nchunks; ++ci) {
+      cp_async_wait<NS - 2>();  // this thread's copies of tile ci have landed
+      // Everyone's copies of tile ci are visible, and everyone has finished tile ci-1, whose
+      // stage (wr) is refilled next.
+      __syncthreads();
+      if (ci + NS - 1 < nchunks) issue(ci + NS - 1, wr);
+      cp_async_commit();
+      const uint16_t* ks = Ks + rd * SE;
+      const uint16_t* vs = ks + T * KS;
+      consume(
+          kbeg + ci * T,
+          [&](int tb, int kk) { return ldsm_rows(ks + tb * KS + 16 * kk, KS, lane); },
+          [&](int tb, int n) {
+            if constexpr (Cfg::kVTrans) return ldsm_rows(vs + 16 * n * VTS + tb, VTS, lane);
+            else return ldsm_cols(vs + tb * KS + 16 * n, KS, lane);
+          });
+      rd = rd + 1 == NS ? 0 : rd + 1;
+      wr = wr + 1 == NS ? 0 : wr + 1;
+    }
+    cp_async_wait<0>();  // only empty groups remain; the merge below may reuse the stages
+  } else
+#endif
   {
+    // ---- register path: tile ci+1 prefetched global -> regs while tile ci is consumed ------
     auto kfrag = [&](int tb, int kk) {
       Frag kf;  // (16 tokens, 16 d)
 #pragma unroll
@@ -351,18 +536,112 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
       __syncthreads();
       // Phase 2: prefetch the next tile while this one is consumed.
       if (ci + 1 < nchunks) fetch(c0 + T);
-      if (wave_active) consume_tile<Cfg>(rs, qf, c0, lim, c, ts, lane, kfrag, vfrag);
+      consume(c0, kfrag, vfrag);
       __syncthreads();
     }
   }
 
-  // ---- Merge the token slices (the tile buffer is free), normalise, write -------------------
+  // ---- Merge the token slices of each row tile through LDS ------------------------------------
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) l[r] = reduce_y_sum(l[r]);
   float big_m[kRows], big_l[kRows];
-  merge_slices<Cfg>(rs, red_o, red_m, red_l, wave, ts, rt, lane, big_m, big_l);
-  if (ts > 0 || !wave_active) return;
-  write_rows<Cfg>(p, rs, big_m, big_l, rt, lane, nrows, kDecode ? int64_t(seq) : int64_t(q_tok0 + row0),
-                  q_head0, kDecode, !kDecode || p.max_partitions == 1, part,
-                  p.v_scale ? p.v_scale[kv_head] : 1.f);
+  if constexpr (Cfg::kTokSplit > 1) {
+    if ((kRows == 1 ? lane < 16 : (lane & 3) == 0)) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        red_m[wave][acc_x(lane, 2 * r)] = m[r];
+        red_l[wave][acc_x(lane, 2 * r)] = l[r];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int x = acc_x(lane, 2 * r);
+      float mm = kNegInf;
+#pragma unroll
+      for (int t = 0; t < Cfg::kTokSplit; ++t) mm = fmax(mm, red_m[t * HT + rt][x]);
+      const float mu = mm == kNegInf ? 0.f : mm;
+      float ll = 0.f;
+#pragma unroll
+      for (int t = 0; t < Cfg::kTokSplit; ++t)
+        ll += red_l[t * HT + rt][x] * exp2(red_m[t * HT + rt][x] - mu);
+      const float f = exp2(m[r] - mu);
+#pragma unroll
+      for (int n = 0; n < Cfg::kDTiles; ++n)
+#pragma unroll
+        for (int i = 0; i < kAccSlots; ++i)
+          if (acc_row(i) == r) o[n].v[i] *= f;
+      big_m[r] = mm;
+      big_l[r] = ll;
+    }
+    if (ts > 0) {
+      float* dst = red_o + ((ts - 1) * HT + rt) * 16 * D;
+#pragma unroll
+      for (int n = 0; n < Cfg::kDTiles; ++n)
+#pragma unroll
+        for (int i = 0; i < kAccSlots; ++i)
+          dst[acc_x(lane, i) * D + 16 * n + acc_y(lane, i)] = o[n].v[i];
+    }
+    __syncthreads();
+    if (ts > 0) return;
+#pragma unroll
+    for (int t = 1; t < Cfg::kTokSplit; ++t) {
+      const float* src = red_o + ((t - 1) * HT + rt) * 16 * D;
+#pragma unroll
+      for (int n = 0; n < Cfg::kDTiles; ++n)
+#pragma unroll
+        for (int i = 0; i < kAccSlots; ++i)
+          o[n].v[i] += src[acc_x(lane, i) * D + 16 * n + acc_y(lane, i)];
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) big_m[r] = m[r], big_l[r] = l[r];
+  }
+  if (!wave_active) return;
+
+  // ---- Epilogue: normalise and write -------------------------------------------------------
+  const float vscale = p.v_scale ? p.v_scale[kv_head] : 1.f;
+  float inv[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) inv[r] = big_l[r] > 0.f ? vscale / big_l[r] : 0.f;
+  const bool direct = !kDecode || p.max_partitions == 1;
+#pragma unroll
+  for (int i = 0; i < kAccSlots; ++i) {
+    const int x = rt * 16 + acc_x(lane, i);
+    if (x >= nrows) continue;
+    const int head = kDecode ? q_head0 + x : q_head0;
+    const int64_t tok = kDecode ? seq : q_tok0 + row0 + x;
+    const float sc = inv[acc_row(i)];
+    if (direct) {
+      uint16_t* ob = static_cast<uint16_t*>(p.out) + tok * p.o_stride_tok + head * p.o_stride_head;
+#pragma unroll
+      for (int n = 0; n < Cfg::kDTiles; ++n)
+        ob[16 * n + acc_y(lane, i)] = from_float(QT{}, o[n].v[i] * sc);
+    } else {
+      float* tb = p.tmp_out + ((int64_t(seq) * p.num_q_heads + head) * p.max_partitions + part) * D;
+#pragma unroll
+      for (int n = 0; n < Cfg::kDTiles; ++n) tb[16 * n + acc_y(lane, i)] = o[n].v[i] * sc;
+    }
+  }
+  // Row statistics: one lane per row writes them.
+  if ((kRows == 1 ? lane < 16 : (lane & 3) == 0)) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int x = rt * 16 + acc_x(lane, 2 * r);
+      if (x >= nrows) continue;
+      const int head = kDecode ? q_head0 + x : q_head0;
+      const int64_t tok = kDecode ? seq : q_tok0 + row0 + x;
+      if (direct) {
+        if (p.lse)
+          p.lse[tok * p.num_q_heads + head] =
+              big_l[r] > 0.f ? (big_m[r] + log2_(big_l[r])) * 0.69314718055994531f : kNegInf;
+      } else {
+        const int64_t at = (int64_t(seq) * p.num_q_heads + head) * p.max_partitions + part;
+        p.max_logits[at] = big_m[r];
+        p.exp_sums[at] = big_l[r];
+      }
+    }
+  }
 }
 
 // Split-KV combine (HIP.md §4.5): out = sum_p w_p o_p / sum_p w_p, w_p = l_p 2^(m_p - M).

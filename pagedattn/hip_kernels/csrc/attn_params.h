@@ -38,8 +38,6 @@ struct AttnParams {
   int partition_size;     // decode: multiple of 64
   int max_partitions;     // decode: ceil(table capacity / partition_size)
   int num_m_blocks;       // extend: ceil(max query length / 64)
-  int grid_blocks;        // NVIDIA 16-bit decode (persistent): blocks to launch; 0 = one per
-                          // resident slot. Any value gives the same bits.
   float scale_log2;       // softmax scale * log2(e)
 };
 

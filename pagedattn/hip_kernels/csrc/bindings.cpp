@@ -183,7 +183,7 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
                   const std::optional<at::Tensor>& lse,      // float32 [S, Hq]
                   const std::optional<at::Tensor>& k_scale,  // float32 [Hkv] (fp8)
                   const std::optional<at::Tensor>& v_scale, int64_t layout, double scale,
-                  int64_t partition_size, int64_t q_head_grid, int64_t grid_blocks) {
+                  int64_t partition_size, int64_t q_head_grid) {
   const at::Device dev = q.device();
   PK_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k_cache, &v_cache, &block_table, &seq_lens, &out})
@@ -207,7 +207,6 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   check_scale(v_scale, "v_scale", fp8, g.num_kv_heads, dev);
   PK_CHECK(partition_size > 0 && partition_size % 64 == 0, "partition_size must be a positive multiple of 64");
   PK_CHECK(std::isfinite(scale) && scale > 0, "scale must be finite and > 0");
-  PK_CHECK(grid_blocks >= 0 && grid_blocks < (int64_t(1) << 31), "grid_blocks must be in [0, 2^31)");
   if (S == 0) return;
 
   const c10::cuda::CUDAGuard guard(dev);
@@ -233,7 +232,6 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   p.max_partitions = std::max<int64_t>(1, (capacity + partition_size - 1) / partition_size);
   PK_CHECK(p.max_partitions < 65536 && S < 65536, "grid too large");
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);  // exp2 domain
-  p.grid_blocks = static_cast<int>(grid_blocks);
 
   at::Tensor tmp, ml, es;
   if (p.max_partitions > 1) {
@@ -311,7 +309,7 @@ TORCH_LIBRARY(pagedattn_hip, m) {
   m.def(
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
       "Tensor(a!) out, Tensor(b!)? lse, Tensor? k_scale, Tensor? v_scale, int layout, float scale, "
-      "int partition_size, int q_head_grid, int grid_blocks) -> ()");
+      "int partition_size, int q_head_grid) -> ()");
   m.def(
       "extend_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
       "Tensor cu_seqlens_q, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, int layout, "

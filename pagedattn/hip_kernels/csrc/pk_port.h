@@ -70,15 +70,6 @@ PK_DEVICE float shfl_xor(float v, int mask) {
 #endif
 }
 
-// True in every lane when pred holds in all lanes of the wave.
-PK_DEVICE bool all_lanes(bool pred) {
-#if defined(PK_HIP)
-  return __all(pred);
-#else
-  return __all_sync(0xffffffffu, pred);
-#endif
-}
-
 PK_DEVICE float shfl(float v, int src) {
 #if defined(PK_HIP)
   return __shfl(v, src);
