@@ -69,8 +69,10 @@ def _ptxas_entries(stderr: str):
     return out
 
 
-# 16-bit-cache decode instantiations (f16 q, f16 KV: Mode 0): the cp.async pipeline on NVIDIA.
-DECODE16 = re.compile(r"AttnCfgINS_3f16ES2_Li\d+ELi\d+ELb[01]ELNS_4ModeE0E")
+# 16-bit-cache decode instantiations (f16 q, f16 KV) on NVIDIA: attn_kernel's cp.async pipeline
+# (Mode 0; 2 and 4 row tiles) and the column-split kernel (groups <= 16), or attn_kernel alone
+# (1, 2 and 4 row tiles) when the column split is switched off.
+DECODE16 = re.compile(r"AttnCfgINS_3f16ES2_Li\d+ELi\d+ELb[01]ELNS_4ModeE0E|DecodeCsCfgINS_3f16E")
 
 
 def _nvcc(arch, tmp_path, *extra):
@@ -96,11 +98,13 @@ def test_nvcc(arch, tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-@pytest.mark.parametrize("switch", ["-DPK_DECODE_PIPELINE=0", "-DPK_DECODE_SMALL_TILE=1"])
+@pytest.mark.parametrize("switch", ["-DPK_DECODE_PIPELINE=0", "-DPK_DECODE_COLSPLIT=0",
+                                    "-DPK_DECODE_COLSPLIT=0 -DPK_DECODE_SMALL_TILE=1"])
 def test_nvcc_build_switch_variants(switch, tmp_path):
-    """The register-path fallback (PAGEDATTN_HIP_DECODE_PIPELINE=0) and the 2-wave 32-token
-    pipeline (PAGEDATTN_HIP_DECODE_SMALL_TILE=1, no spills) still build for sm_90a."""
-    r = _nvcc("sm_90a", tmp_path, switch)
+    """The register-path fallback (PAGEDATTN_HIP_DECODE_PIPELINE=0), attn_kernel's pipeline for
+    every group (PAGEDATTN_HIP_DECODE_COLSPLIT=0) and its 2-wave 32-token form
+    (PAGEDATTN_HIP_DECODE_SMALL_TILE=1, no spills) still build for sm_90a."""
+    r = _nvcc("sm_90a", tmp_path, *switch.split())
     decode = {n: v for n, v in _ptxas_entries(r.stderr).items() if DECODE16.search(n)}
     assert len(decode) == 12
     if "SMALL_TILE" in switch:

@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "attn_kernel.cuh"
+#include "decode_cs.cuh"
 
 namespace pk {
 
@@ -25,38 +26,57 @@ namespace pk {
 
 constexpr int head_tiles_for(int reuse) { return reuse <= 16 ? 1 : reuse <= 32 ? 2 : 4; }
 
-// Dynamic shared memory above 48 KB needs a per-device opt-in (NVIDIA; the pipelined decode).
-// Done once per device and kernel; nullptr or the error.
-template <class Cfg>
-const char* opt_in_smem() {
+// Dynamic shared memory above 48 KB needs a per-device opt-in (NVIDIA; the pipelined decodes).
+// Done once per device and kernel (Cfg names it); nullptr or the error.
+template <class Cfg, class Kernel>
+const char* opt_in_smem(Kernel kernel, int bytes) {
 #if defined(PK_CUDA)
-  if constexpr (Cfg::dynamic_smem() > 48 * 1024) {
+  if (bytes > 48 * 1024) {
     static std::atomic<uint64_t> done{0};  // bit d: device d opted in
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return last_launch_error();
     const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
     if (bit && (done.load(std::memory_order_relaxed) & bit)) return nullptr;
-    if (cudaFuncSetAttribute(attn_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Cfg::dynamic_smem()) != cudaSuccess)
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
+        cudaSuccess)
       return last_launch_error();
     done.fetch_or(bit, std::memory_order_relaxed);
   }
+#else
+  (void)kernel;
+  (void)bytes;
 #endif
   return nullptr;
 }
 
 template <class Cfg>
 const char* launch_attn(const AttnParams& p, stream_t stream) {
-  if (const char* err = opt_in_smem<Cfg>()) return err;
+  if (const char* err = opt_in_smem<Cfg>(attn_kernel<Cfg>, Cfg::dynamic_smem())) return err;
   attn_kernel<Cfg><<<Cfg::grid(p), Cfg::block(), Cfg::dynamic_smem(), stream>>>(p);
   return last_launch_error();
 }
+
+#if PK_COLSPLIT_ENABLED
+// The column-split decode (groups <= 16, 16-bit cache): attn_kernel's decode grid.
+template <class Cfg>
+const char* launch_cs(const AttnParams& p, stream_t stream) {
+  if (const char* err = opt_in_smem<Cfg>(decode_cs_kernel<Cfg>, Cfg::kSmemBytes)) return err;
+  const dim3 grid(p.num_kv_heads * p.blocks_per_kv_head, p.num_seqs, p.max_partitions);
+  decode_cs_kernel<Cfg><<<grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream>>>(p);
+  return last_launch_error();
+}
+#endif
 
 template <class QT, class KVT, int D, bool VT>
 const char* launch_decode_d(const AttnParams& p, stream_t stream) {
   const char* err = PK_REUSEKV_SWITCH(p.heads_per_block, [&] {
     constexpr int kTiles = head_tiles_for(REUSE_KV_TIMES);
-    return launch_attn<AttnCfg<QT, KVT, D, kTiles, VT, Mode::kDecode>>(p, stream);
+#if PK_COLSPLIT_ENABLED
+    if constexpr (kTiles == 1 && KVT::kBytes == 2)
+      return launch_cs<DecodeCsCfg<QT, D, VT>>(p, stream);
+    else
+#endif
+      return launch_attn<AttnCfg<QT, KVT, D, kTiles, VT, Mode::kDecode>>(p, stream);
   });
   if (err || p.max_partitions == 1) return err;
   combine_kernel<QT, D><<<dim3(p.num_q_heads, p.num_seqs), dim3(D), 0, stream>>>(p);

@@ -67,5 +67,33 @@ PK_DEVICE Frag ldsm_cols(const uint16_t* tile, int ld, int lane) {
   return f;
 }
 
+// B operands of two k-steps of an m16n8k16 from 8 rows (n) of a tile stored [n][k] (k
+// contiguous), k = 32 from column k0: matrix j = rows 0..7 x k 8j..8j+7, so lane l gets
+// (row l/4, k 2(l%4) + 8j + {0,1}) in register j: b[0], b[1] are k-step 0's two registers,
+// b[2], b[3] k-step 1's.
+PK_DEVICE void ldsm_n8_k32(const uint16_t* tile, int ld, int lane, uint32_t (&b)[4]) {
+  const uint16_t* a = tile + (lane & 7) * ld + 8 * (lane >> 3);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(smem_u32(a)));
+}
+
+// c[16 x 8] += X[16 x 16] * B[16 x 8] (one m16n8k16): c holds (row l/4 + 8(i>>1), column
+// 2(l%4) + (i&1)) in slot i, the first half of an sm80 Acc (pk_mma.h lane map).
+template <class T>
+PK_DEVICE void mma_n8(float (&c)[4], const Frag& X, uint32_t b0, uint32_t b1) {
+  if constexpr (T::kIsBf16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(X.r[0]), "r"(X.r[1]), "r"(X.r[2]), "r"(X.r[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(X.r[0]), "r"(X.r[1]), "r"(X.r[2]), "r"(X.r[3]), "r"(b0), "r"(b1));
+  }
+}
+
 }  // namespace pk
 #endif

@@ -1,0 +1,314 @@
+// decode_cs.cuh: NVIDIA paged decode, column-split form, for groups of <= 16 query heads over a
+// 16-bit cache (PK_DECODE_COLSPLIT=1, the default; otherwise attn_kernel's pipelined path).
+//
+// Why: attn_kernel gives each of its 4 waves 16 tokens of a 64-token tile and merges the token
+// slices at the end, so a block needs 34 KB per stage and an SM holds 2 blocks (8 warps): too
+// few to hide the tile loop's latency (H200, bench/results/2026-12-01-h200-s6). Here the 4 warps
+// share one 32-token tile (17 KB per stage, 3 stages: 4 blocks and 16 warps per SM):
+//
+//   Phase 1  wait for tile i (cp.async, kStages deep as in attn_kernel), barrier, issue tile
+//            i+kStages-1; K as [T][D] and V as [T][D] (hcu: V^T [D][T]), padded rows.
+//   Phase 2  S_w = Q K_w^T: warp w takes tokens 8w..8w+7 (one m16n8k16 n-tile, 8 k-steps).
+//            Mask, scale to log2 units, row maxima over its 8 tokens -> red_max[w]. Barrier.
+//   Phase 3  every warp: tile max of the 4 warps, the same new running max m; P_w = exp2(S_w - m)
+//            -> Ps[16][T] (16-bit), l_w += row sums of P_w (each warp keeps its own partial
+//            sums: the rescale factors are common, so they add up at the end). Barrier.
+//   Phase 4  O_w = O_w * corr + P V[:, columns of w]: warp w owns D/4 output columns, over all
+//            T tokens (mma_nt on ldmatrix fragments of Ps and V).
+//   End      l = sum of the 4 warps' sums (shared memory); warp w writes its columns of out
+//            (or the partition's state), warp 0 the row statistics.
+//
+// Same grid, partitions, combine and outputs as attn_kernel's decode (the arithmetic differs:
+// other tiles, other summation order); batch invariance holds the same way (split points depend
+// on the sequence only). Torch-free.
+#pragma once
+
+#include "attn_kernel.cuh"
+#include "pk_pipe.h"
+
+#ifndef PK_DECODE_COLSPLIT
+#define PK_DECODE_COLSPLIT 1
+#endif
+
+#if PK_PIPE_ENABLED && PK_DECODE_COLSPLIT
+#define PK_COLSPLIT_ENABLED 1
+#else
+#define PK_COLSPLIT_ENABLED 0
+#endif
+
+#if PK_COLSPLIT_ENABLED
+namespace pk {
+
+template <class QT_, int D_, bool V_TRANS_>
+struct DecodeCsCfg {
+  using QT = QT_;
+  static constexpr int D = D_;
+  static constexpr bool kVTrans = V_TRANS_;
+  static constexpr int kWarps = 4, kThreads = kWarps * kWave;
+  static constexpr int T = 32;                   // tokens per KV tile; 8 per warp in phase 2
+  static constexpr int kDTiles = D / 16;         // 16-column tiles of Q and O
+  static constexpr int kOwnTiles = kDTiles / kWarps;  // O tiles per warp (phase 4)
+  static constexpr int kStages = PK_DECODE_STAGES;
+  static constexpr int kKStride = D + 8;         // K / V row pitch (16-bit elements)
+  static constexpr int kVtStride = T + 8;        // hcu V^T row pitch
+  static constexpr int kPStride = T + 8;         // Ps row pitch
+  static constexpr int kStageElems = T * kKStride + (kVTrans ? D * kVtStride : T * kKStride);
+  static constexpr int kUnits = T * D / 8 / kThreads;  // 16-byte copies per thread (K, and V)
+  static constexpr int kSmemBytes = kStages * kStageElems * 2;
+  // 4 blocks (16 warps) per SM where shared memory allows (228 KB per SM, ~3 KB per block for
+  // Ps, red and the reserve); hcu D 128 (57 KB) gets 3.
+  static constexpr int kFit = 228 * 1024 / (kSmemBytes + 3 * 1024);
+  static constexpr int kMinBlocks = kFit < 4 ? kFit : 4;
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(kOwnTiles >= 1 && kDTiles % kWarps == 0, "whole O tiles per warp");
+  static_assert(kWave == 32 && T == 8 * kWarps, "8 tokens per warp");
+  static_assert(kUnits >= 1 && (T * D / 8) % kThreads == 0, "whole 16-byte copies per thread");
+  static_assert(kStages >= 2 && kMinBlocks >= 2, "a pipeline of >= 2 stages, >= 2 blocks");
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    decode_cs_kernel(const AttnParams p) {
+  using QT = typename Cfg::QT;
+  constexpr int D = Cfg::D, T = Cfg::T, NT = Cfg::kThreads, NS = Cfg::kStages;
+  constexpr int KS = Cfg::kKStride, VTS = Cfg::kVtStride, PS = Cfg::kPStride;
+  constexpr int SE = Cfg::kStageElems, OWN = Cfg::kOwnTiles;
+  constexpr int VPR = D / 8;         // 16-byte vectors per K/V row
+  constexpr int RPT = Cfg::kUnits;   // K/V rows per thread: consecutive tokens of one page
+  constexpr int TVR = T / 8;         // hcu: 16-byte token vectors per V^T row
+  constexpr int DPU = NT / TVR;      // hcu: V^T rows one pass covers
+  static_assert(NT % VPR == 0 && NT / VPR * RPT == T, "K/V copies cover the tile once");
+  static_assert(16 % RPT == 0, "a thread's rows lie in one page (page >= 16)");
+  static_assert(NT % TVR == 0 && Cfg::kUnits * DPU == D, "V^T copies cover the tile once");
+  // Preconditions (host-checked): page_size a power of 2 >= 16; partition_size % 64 == 0; cache
+  // base pointers 16-byte aligned, k/v strides multiples of 8; q strides even; group <= 16.
+  extern __shared__ __align__(16) uint8_t pk_dyn_smem[];
+  uint16_t* stages = reinterpret_cast<uint16_t*>(pk_dyn_smem);  // (NS, SE)
+  __shared__ __align__(16) uint16_t Ps[16 * PS];                // (16 rows, T tokens) of P
+  __shared__ float red[Cfg::kWarps][16];                        // row maxima, then row sums
+
+  const int tid = threadIdx.x, lane = lane_id(), warp = wave_id();
+  const int kv_head = blockIdx.x / p.blocks_per_kv_head;
+  const int hg = blockIdx.x % p.blocks_per_kv_head;
+  const int seq = blockIdx.y, part = blockIdx.z;
+  const int ctx = p.seq_lens[seq];
+  const int q_head0 = kv_head * p.group + hg * p.heads_per_block;
+  const int nrows = min(p.heads_per_block, p.group - hg * p.heads_per_block);
+  const int kbeg = part * p.partition_size;
+  if (part > 0 && kbeg >= ctx) return;  // partition 0 always runs: it writes empty rows
+  const int kend = min(ctx, kbeg + p.partition_size);
+  const int nchunks = kend > kbeg ? (kend - kbeg + T - 1) / T : 0;
+
+  Frag qf[Cfg::kDTiles];  // (16 rows, D), zero rows past nrows
+  {
+    const uint16_t* qb = static_cast<const uint16_t*>(p.q);
+#pragma unroll
+    for (int r = 0; r < kFragRegs; ++r) {
+      const int x = frag_row(lane, r);
+      const int64_t off = int64_t(seq) * p.q_stride_tok + int64_t(q_head0 + x) * p.q_stride_head;
+#pragma unroll
+      for (int kk = 0; kk < Cfg::kDTiles; ++kk)
+        qf[kk].r[r] = x < nrows
+            ? *reinterpret_cast<const uint32_t*>(qb + off + 16 * kk + frag_k(lane, r)) : 0u;
+    }
+  }
+  // This lane's two rows (l/4 and l/4 + 8) and their last visible key (-1: no such row).
+  int lim[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) lim[h] = lane / 4 + 8 * h < nrows ? ctx - 1 : -1;
+  const float c = p.scale_log2;
+
+  // ---- cp.async pipeline (as attn_kernel's): stage ci % NS holds tile ci --------------------
+  const int lg_page = __ffs(p.page_size) - 1, pmask = p.page_size - 1;
+  const int vec = tid % VPR, row0 = tid / VPR * RPT;
+  const int tv0 = (tid % TVR) * 8, drow0 = tid / TVR;
+  const uint64_t ksb = p.k_stride_block * 2, vsb = p.v_stride_block * 2;
+  const int kst = int(p.k_stride_token) * 2, vst = int(p.v_stride_token) * 2;
+  const int vsd = int(p.v_stride_dim) * 2;
+  const char* kb = static_cast<const char*>(p.k_cache) + int64_t(kv_head) * p.k_stride_head * 2;
+  const char* vb = static_cast<const char*>(p.v_cache) + int64_t(kv_head) * p.v_stride_head * 2;
+  const int* trow = p.block_table + int64_t(seq) * p.table_stride;
+  // Table entry of this thread's rows (one page) / hcu token vector in the next tile to issue,
+  // read one issue ahead so that no copy waits on it; 0 past ctx (those copies read nothing).
+  uint32_t nblk = 0, nvblk = 0;
+  auto load_blocks = [&](int ci) {
+    const int c0 = kbeg + ci * T;
+    const int tok = c0 + row0;
+    nblk = ci < nchunks && tok < ctx ? trow[tok >> lg_page] : 0;
+    if constexpr (Cfg::kVTrans) {
+      const int tok = c0 + tv0;
+      nvblk = ci < nchunks && tok < ctx ? trow[tok >> lg_page] : 0;
+    }
+  };
+  auto issue = [&](int ci, int st) {  // keys past ctx become zeros (0 source bytes)
+    const int c0 = kbeg + ci * T;
+    uint16_t* ks = stages + st * SE;  // (T, KS)
+    uint16_t* vs = ks + T * KS;       // (T, KS), hcu (D, VTS)
+    const int tok0 = c0 + row0, off0 = tok0 & pmask;
+    const char* ksrc = kb + nblk * ksb + (off0 * kst + vec * 16);
+#pragma unroll
+    for (int u = 0; u < RPT; ++u)
+      cp_async16(ks + (row0 + u) * KS + vec * 8, ksrc + u * kst, tok0 + u < ctx ? 16 : 0);
+    if constexpr (!Cfg::kVTrans) {
+      const char* vsrc = vb + nblk * vsb + (off0 * vst + vec * 16);
+#pragma unroll
+      for (int u = 0; u < RPT; ++u)
+        cp_async16(vs + (row0 + u) * KS + vec * 8, vsrc + u * vst, tok0 + u < ctx ? 16 : 0);
+    } else {  // 8 tokens of one d: contiguous, within one page
+      const int tok = c0 + tv0;
+      const char* vsrc = vb + nvblk * vsb + (tok & pmask) * vst;
+      const int nbytes = tok < ctx ? min(16, 2 * (ctx - tok)) : 0;  // partial vector: zeros
+#pragma unroll
+      for (int u = 0; u < Cfg::kUnits; ++u) {
+        const int d = u * DPU + drow0;
+        cp_async16(vs + d * VTS + tv0, vsrc + d * vsd, nbytes);
+      }
+    }
+    load_blocks(ci + 1);
+  };
+
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};  // rows l/4, l/4 + 8 (l: this warp's sum)
+  Acc o[OWN];  // (16 rows, 16 columns) x OWN: columns 16 (warp * OWN + j) ..
+#pragma unroll
+  for (int j = 0; j < OWN; ++j) zero(o[j]);
+
+  load_blocks(0);
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) {
+    if (i < nchunks) issue(i, i);
+    cp_async_commit();
+  }
+  int rd = 0, wr = NS - 1;
+  for (int ci = 0; ci < nchunks; ++ci) {
+    // Phase 1.
+    cp_async_wait<NS - 2>();
+    __syncthreads();  // tile ci visible; tile ci-1, Ps and red are free everywhere
+    if (ci + NS - 1 < nchunks) issue(ci + NS - 1, wr);
+    cp_async_commit();
+    const uint16_t* ks = stages + rd * SE;
+    const uint16_t* vs = ks + T * KS;
+    const int c0 = kbeg + ci * T;
+
+    // Phase 2: S_w = Q K_w^T over tokens 8 warp .. +7 (4 values per lane: rows l/4, l/4 + 8;
+    // tokens 2(l%4), +1).
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kc = 0; kc < D / 32; ++kc) {
+      uint32_t b[4];
+      ldsm_n8_k32(ks + 8 * warp * KS + 32 * kc, KS, lane, b);
+      mma_n8<QT>(s, qf[2 * kc], b[0], b[1]);
+      mma_n8<QT>(s, qf[2 * kc + 1], b[2], b[3]);
+    }
+    const int j0 = c0 + 8 * warp + 2 * (lane & 3);  // key of slot 0 (slot i: + (i & 1))
+    float mx[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& v = s[2 * h + e];
+        v = j0 + e <= lim[h] ? v * c : kNegInf;
+      }
+      mx[h] = fmax(s[2 * h], s[2 * h + 1]);
+      mx[h] = fmax(mx[h], shfl_xor(mx[h], 1));
+      mx[h] = fmax(mx[h], shfl_xor(mx[h], 2));
+    }
+    if ((lane & 3) == 0) red[warp][lane / 4] = mx[0], red[warp][lane / 4 + 8] = mx[1];
+    __syncthreads();
+
+    // Phase 3: the common running max; P_w into Ps; this warp's row sums.
+    float corr[2], mu[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int x = lane / 4 + 8 * h;
+      float tm = red[0][x];
+#pragma unroll
+      for (int w = 1; w < Cfg::kWarps; ++w) tm = fmax(tm, red[w][x]);
+      const float mn = fmax(m[h], tm);
+      mu[h] = mn == kNegInf ? 0.f : mn;  // an all-masked row keeps p = 0, not NaN
+      corr[h] = exp2(m[h] - mu[h]);
+      m[h] = mn;
+      const float p0 = exp2(s[2 * h] - mu[h]), p1 = exp2(s[2 * h + 1] - mu[h]);
+      l[h] = l[h] * corr[h] + (p0 + p1);
+      *reinterpret_cast<uint32_t*>(Ps + x * PS + 8 * warp + 2 * (lane & 3)) = pack2<QT>(p0, p1);
+    }
+    __syncthreads();
+
+    // Phase 4: O_w = O_w * corr + P V[:, own columns].
+    Frag pf[T / 16];  // (16 rows, 16 tokens) x 2
+#pragma unroll
+    for (int tt = 0; tt < T / 16; ++tt) pf[tt] = ldsm_rows(Ps + 16 * tt, PS, lane);
+#pragma unroll
+    for (int j = 0; j < OWN; ++j) {
+      const int n = warp * OWN + j;  // 16-column tile of O
+#pragma unroll
+      for (int i = 0; i < kAccSlots; ++i) o[j].v[i] *= corr[acc_row(i)];
+#pragma unroll
+      for (int tt = 0; tt < T / 16; ++tt) {
+        Frag vf;
+        if constexpr (Cfg::kVTrans) vf = ldsm_rows(vs + 16 * n * VTS + 16 * tt, VTS, lane);
+        else vf = ldsm_cols(vs + 16 * tt * KS + 16 * n, KS, lane);
+        mma_nt<QT>(o[j], pf[tt], vf);
+      }
+    }
+    rd = rd + 1 == NS ? 0 : rd + 1;
+    wr = wr + 1 == NS ? 0 : wr + 1;
+  }
+  cp_async_wait<0>();
+
+  // ---- End: total row sums over the warps; normalise; write ---------------------------------
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += shfl_xor(l[h], 1);
+    l[h] += shfl_xor(l[h], 2);
+  }
+  __syncthreads();  // red is free
+  if ((lane & 3) == 0) red[warp][lane / 4] = l[0], red[warp][lane / 4 + 8] = l[1];
+  __syncthreads();
+  float big_l[2], inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int x = lane / 4 + 8 * h;
+    big_l[h] = red[0][x];
+#pragma unroll
+    for (int w = 1; w < Cfg::kWarps; ++w) big_l[h] += red[w][x];
+    inv[h] = big_l[h] > 0.f ? 1.f / big_l[h] : 0.f;
+  }
+  const bool direct = p.max_partitions == 1;
+#pragma unroll
+  for (int i = 0; i < kAccSlots; ++i) {
+    const int x = acc_x(lane, i);
+    if (x >= nrows) continue;
+    const int head = q_head0 + x;
+    const float sc = inv[acc_row(i)];
+#pragma unroll
+    for (int j = 0; j < OWN; ++j) {
+      const int col = 16 * (warp * OWN + j) + acc_y(lane, i);
+      if (direct) {
+        uint16_t* ob = static_cast<uint16_t*>(p.out) + int64_t(seq) * p.o_stride_tok +
+                       int64_t(head) * p.o_stride_head;
+        ob[col] = from_float(QT{}, o[j].v[i] * sc);
+      } else {
+        p.tmp_out[((int64_t(seq) * p.num_q_heads + head) * p.max_partitions + part) * D + col] =
+            o[j].v[i] * sc;
+      }
+    }
+  }
+  if (warp == 0 && (lane & 3) == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int x = lane / 4 + 8 * h;
+      if (x >= nrows) continue;
+      const int64_t at = int64_t(seq) * p.num_q_heads + q_head0 + x;
+      if (direct) {
+        if (p.lse)
+          p.lse[at] = big_l[h] > 0.f ? (m[h] + log2_(big_l[h])) * 0.69314718055994531f : kNegInf;
+      } else {
+        p.max_logits[at * p.max_partitions + part] = m[h];
+        p.exp_sums[at * p.max_partitions + part] = big_l[h];
+      }
+    }
+  }
+}
+
+}  // namespace pk
+#endif
