@@ -16,9 +16,12 @@ Build switches (environment, read at build time; each combination is its own cac
   the 99 KB per-block limit of sm_86/89/120).
 * ``PAGEDATTN_HIP_CP_ASYNC_L2=0|64|128|256``: L2 prefetch-size hint of the copies (default 0;
   256 measured no better on the H200).
-* ``PAGEDATTN_HIP_DECODE_SMALL_TILE=1``: groups of <= 16 heads use 2-warp blocks on 32-token
-  tiles (52 KB, 4 blocks per SM) instead of 4 warps on 64. H200, session 5: correct (the HIP
-  test file passes), 1-11 % faster on 10 of 12 A/B rows, 23 % slower at B1 L4096; off by default.
+* ``PAGEDATTN_HIP_DECODE_COLSPLIT=0``: groups of <= 16 heads run attn_kernel's pipeline instead
+  of the column-split kernel (decode_cs.cuh, the default since session 6: 4 warps share 32-token
+  tiles, 16 warps per SM; H200: 1-17 % faster on 32/8, level to +4 % on 32/32).
+* ``PAGEDATTN_HIP_DECODE_SMALL_TILE=1`` (with ``COLSPLIT=0``): those groups use 2-warp blocks on
+  32-token tiles (52 KB, 4 blocks per SM) instead of 4 warps on 64. H200, session 5: correct,
+  1-11 % faster on 10 of 12 A/B rows, 23 % slower at B1 L4096; off by default.
 """
 import hashlib
 import os

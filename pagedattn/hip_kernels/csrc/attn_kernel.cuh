@@ -15,8 +15,11 @@
 //   Phase 4: O += P V with P converted in registers (acc_to_frag).
 // Then: merge token slices, normalise, write out/lse (one partition) or the split-KV partials.
 //
-// NVIDIA decode with a 16-bit cache (PK_DECODE_PIPELINE=1, the default) replaces phases 1-2 with
-// a kStages-deep cp.async pipeline straight into dynamic shared memory (no register staging):
+// NVIDIA decode with a 16-bit cache and a group of <= 16 heads runs decode_cs_kernel
+// (decode_cs.cuh, PK_DECODE_COLSPLIT=1, the default). Larger groups (and every group with
+// PK_DECODE_COLSPLIT=0) run this kernel, whose NVIDIA 16-bit decode (PK_DECODE_PIPELINE=1, the
+// default) replaces phases 1-2 with a kStages-deep cp.async pipeline straight into dynamic shared
+// memory (no register staging):
 //   tile i+kStages-1 is in flight while tile i is consumed; K as [T][D], V as [T][D] (hcu: its
 //   cache layout [D][T]) with padded rows; fragments are read with ldmatrix (.trans for V [T][D]).
 // fp8 caches, extend, and AMD/Hygon keep the register path. PK_DECODE_PIPELINE=0 restores it
