@@ -73,6 +73,14 @@ def _case(batch, ctx, hq, hkv, bs, dtype, device, gen):
     return q, k, v, table, lens
 
 
+def _ours(q, k, v, table, lens, out, backend):
+    """One of this package's decode backends, validation off (the timed call)."""
+    import pagedattn as pa
+
+    return lambda: pa.paged_decode(q, k, v, table, lens, backend=backend, out=out,
+                                   validate=False)
+
+
 def _sdpa(q, k, v, table, lens, bs):
     """torch SDPA on contiguous K/V gathered once (not timed): [B, Hkv, ctx, D]."""
     import torch
@@ -122,7 +130,6 @@ def main(argv=None):
     import pandas as pd
     from tabulate import tabulate
 
-    import pagedattn as pa
     import importlib
 
     PD = importlib.import_module("pagedattn.triton_kernels.decode")
@@ -153,8 +160,7 @@ def main(argv=None):
         # (47.3 / 42.3 us vs 44.1 / 38.4 in sweeps of the same code): time it once untimed first
         q, k, v, table, lens = _case(*shapes[0], *heads[0], blocks[0], dtype, device, gen)
         out = torch.empty_like(q)
-        _bench_graph(lambda: pa.paged_decode(q, k, v, table, lens, backend="triton", out=out,
-                                             validate=False))
+        _bench_graph(_ours(q, k, v, table, lens, out, "triton"))
         del q, k, v, table, lens, out
     for hq, hkv in heads:
         for bs in blocks:
@@ -170,11 +176,9 @@ def main(argv=None):
                 row = dict(Hq=hq, Hkv=hkv, block=bs, batch=batch, ctx=ctx, mode=mode,
                            MB=round(nbytes / 1e6, 1))
                 out = torch.empty_like(q)
-                peers = {"triton": lambda: (lambda: pa.paged_decode(
-                    q, k, v, table, lens, backend="triton", out=out, validate=False))}
+                peers = {"triton": lambda: _ours(q, k, v, table, lens, out, "triton")}
                 if device == "cuda":
-                    peers["hip"] = lambda: (lambda: pa.paged_decode(
-                        q, k, v, table, lens, backend="hip", out=out, validate=False))
+                    peers["hip"] = lambda: _ours(q, k, v, table, lens, out, "hip")
                     peers["sdpa"] = lambda: _sdpa(q, k, v, table, lens, bs)
                     if fi_note == "available":  # its three decode paths; the best is the peer
                         peers["flashinfer"] = lambda: _flashinfer(q, k, v, table, lens, bs)
