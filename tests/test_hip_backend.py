@@ -126,6 +126,45 @@ def test_decode_batch_invariance(layout, heads, part):
             f"sequence {i} alone differs from the batch"
 
 
+# (layout, (Hq, Hkv), head_dim, q dtype, partition_size, KV dtype): the column-split kernel
+# (groups <= 16) in every layout and head dim, and attn_kernel (fp8; a group of 32), whose
+# launcher always splits one partition per block.
+SHAPE_CASES = [("bhsd", (32, 8), 128, torch.bfloat16, 512, None),
+               ("hcu", (16, 16), 128, torch.float16, 128, None),
+               ("bshd", (8, 2), 64, torch.bfloat16, 64, None),
+               ("hcu", (4, 4), 64, torch.float16, 256, None),
+               ("bhsd", (8, 2), 128, torch.bfloat16, 128, torch.float8_e5m2),
+               ("bshd", (64, 2), 128, torch.float16, 64, None)]
+LAUNCH_SHAPES = [("one_pass", None), ("split", 2), ("split", 3), ("split", 64), ("auto", None)]
+
+
+@pytest.mark.parametrize("layout,heads,d,dtype,part,kv", SHAPE_CASES, ids=_id)
+def test_decode_launch_shapes_same_bits(layout, heads, d, dtype, part, kv):
+    """One pass (each block folds all its sequence's partitions), split with 1, 2, 3 or all
+    partitions per block (parked states, the combine folds them) and the automatic choice give
+    the same bits: the fold order and arithmetic never depend on the launch shape, which is what
+    lets the launcher choose it by batch size."""
+    from pagedattn import hip_kernels as H
+    hq, hkv = heads
+    lens = [1, 0, 1500, 512, 64, 2049, 3, part, part + 1]
+    b, gen = _batch(lens, hkv, d, 16, layout, kv or dtype, seed=5)
+    q = torch.randn(len(lens), hq, d, generator=gen).to("cuda", dtype)
+
+    def run(mode, ppp):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:-1], float("nan"), device="cuda")
+        H.decode_raw(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, out, layout=layout,
+                     k_scale=b.k_scale, v_scale=b.v_scale, partition_size=part, lse=lse,
+                     mode=mode, parts_per_block=ppp)
+        return out, lse
+
+    out, lse = run("split", 1)
+    _check_decode(b, q, out, lse, lens, kv or dtype)
+    for mode, ppp in LAUNCH_SHAPES:
+        o, l = run(mode, ppp)
+        assert torch.equal(o, out) and torch.equal(l, lse), f"{mode} x{ppp} differs from split x1"
+
+
 @pytest.mark.parametrize("heads", [(64, 1), (80, 1), (48, 2)], ids=_id)
 def test_decode_large_groups(heads):
     """REUSE_KV_TIMES 64 and 48, and a group larger than 64 (two head groups per KV head)."""
@@ -224,15 +263,15 @@ out = torch.empty_like(q)
 """
 HOST_CHECK_SCRIPT = HOST_CHECK_SETUP + r"""
 ops.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, out, None, None, None,
-                 0, 0.125, 512, 0)  # the well-formed call runs
+                 0, 0.125, 512, 0, -1, 0)  # the well-formed call runs
 bad = {
     "block_table": lambda: ops.paged_decode(q, b.k_cache, b.v_cache, b.block_table.long(),
-                                            b.seq_lens, out, None, None, None, 0, 0.125, 512, 0),
+                                            b.seq_lens, out, None, None, None, 0, 0.125, 512, 0, -1, 0),
     "out": lambda: ops.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens,
-                                    out[:, :2], None, None, None, 0, 0.125, 512, 0),
+                                    out[:, :2], None, None, None, 0, 0.125, 512, 0, -1, 0),
     "num_q_heads": lambda: ops.paged_decode(q[:, :3], b.k_cache, b.v_cache, b.block_table,
                                             b.seq_lens, out[:, :3], None, None, None, 0, 0.125,
-                                            512, 0),
+                                            512, 0, -1, 0),
 }
 for word, fn in bad.items():
     print("case", word, flush=True)

@@ -69,9 +69,10 @@ def _ptxas_entries(stderr: str):
     return out
 
 
-# 16-bit-cache decode instantiations (f16 q, f16 KV) on NVIDIA: attn_kernel's cp.async pipeline
-# (Mode 0; 2 and 4 row tiles) and the column-split kernel (groups <= 16), or attn_kernel alone
-# (1, 2 and 4 row tiles) when the column split is switched off.
+# 16-bit-cache decode instantiations (f16 q, f16 KV) on NVIDIA, per (head dim, V layout):
+# attn_kernel's cp.async pipeline (Mode 0; 2 and 4 row tiles) and the column-split kernel (groups
+# <= 16; its merging and parking forms): 16; or attn_kernel alone (1, 2 and 4 row tiles) when the
+# column split is switched off: 12.
 DECODE16 = re.compile(r"AttnCfgINS_3f16ES2_Li\d+ELi\d+ELb[01]ELNS_4ModeE0E|DecodeCsCfgINS_3f16E")
 
 
@@ -90,7 +91,7 @@ def test_nvcc(arch, tmp_path):
     r = _nvcc(arch, tmp_path)
     assert "mma" not in r.stderr.lower() or "error" not in r.stderr.lower()
     decode = {n: v for n, v in _ptxas_entries(r.stderr).items() if DECODE16.search(n)}
-    assert len(decode) == 12, f"expected 12 f16 decode instantiations, got {sorted(decode)}"
+    assert len(decode) == 16, f"expected 16 f16 decode instantiations, got {sorted(decode)}"
     # The pipelined decode keeps no register staging: no spills, and at most 255 registers
     # (2 blocks of 128 threads per SM at D 128).
     spilled = {n: v for n, v in decode.items() if v[1] > 0}
@@ -167,3 +168,14 @@ def test_hygon_code_is_guarded_by_arch_macros():
             assert line.lstrip().startswith("#"), f"unguarded Hygon builtin: {line}"
     port = (CSRC / "pk_port.h").read_text()
     assert "defined(__gfx936__)" in port and "#error" in port
+
+
+def test_decode_launch_shape_arguments():
+    """Bad HIP decode launch-shape requests (PAGEDATTN_HIP_DECODE_MODE / _PPP) are refused
+    before any launch."""
+    from pagedattn import hip_kernels as H
+    with pytest.raises(ValueError, match="mode"):
+        H.launch_shape("fast", None)
+    with pytest.raises(ValueError, match="partitions per block"):
+        H.launch_shape(None, "0")
+    assert H.launch_shape("one_pass", 3) == (1, 3) and H.launch_shape("auto", None) == (-1, 0)

@@ -121,13 +121,39 @@ def _ops():
     return build.load()
 
 
+_MODES = {"auto": -1, "split": 0, "one_pass": 1}
+
+
+def launch_shape(mode=None, parts_per_block=None):
+    """(mode code, partitions per block) for the decode op: the arguments, else
+    PAGEDATTN_HIP_DECODE_MODE (auto | split | one_pass) and PAGEDATTN_HIP_DECODE_PPP (auto | N).
+
+    auto: one pass when the (head group, sequence) blocks fill the GPU three times over, else
+    split with as few partitions per block as keep one wave (NVIDIA column-split kernel; the other
+    kernels split one partition per block). Every shape gives the same bits (tested)."""
+    mode = mode or os.environ.get("PAGEDATTN_HIP_DECODE_MODE") or "auto"
+    if mode not in _MODES:
+        raise ValueError(f"HIP decode mode: expected one of {sorted(_MODES)}, got {mode!r}")
+    ppp = parts_per_block or os.environ.get("PAGEDATTN_HIP_DECODE_PPP") or "auto"
+    if ppp != "auto":
+        try:
+            ppp = int(ppp)
+        except ValueError:
+            ppp = 0
+        if ppp < 1:
+            raise ValueError(f"HIP decode partitions per block: expected auto or a positive "
+                             f"integer, got {parts_per_block or os.environ.get('PAGEDATTN_HIP_DECODE_PPP')!r}")
+    return _MODES[mode], 0 if ppp == "auto" else ppp
+
+
 def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd", scale=None,
                k_scale=None, v_scale=None, partition_size=None, lse=None,
-               q_head_grid=False) -> None:
+               q_head_grid=False, mode=None, parts_per_block=None) -> None:
     """Launch the decode kernel directly (no validation beyond the C++ host checks).
 
     q_head_grid=True selects the upstream v1/v2 grid (one program per query head, each re-reading
     its KV head) instead of the KV-head grid, for the §5.2.3 comparison in bench/bench_hip.py.
+    mode / parts_per_block: the launch shape (:func:`launch_shape`; outputs do not depend on it).
     """
     g = L.cache_geometry(k_cache, layout)
     group = q.shape[1] // g.num_kv_heads
@@ -135,8 +161,9 @@ def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd"
     # the issue's rule (512; 256 when the group exceeds 15) or the caller's size: split points
     # depend on the sequence only, never on the batch
     part = default_partition_size(group, partition_size)
+    code, ppp = launch_shape(mode, parts_per_block)
     _ops().paged_decode(q, k_cache, v_cache, block_table, seq_lens, out, lse, k_scale, v_scale,
-                        LAYOUT_CODES[layout], float(scale), part, int(q_head_grid))
+                        LAYOUT_CODES[layout], float(scale), part, int(q_head_grid), code, ppp)
 
 
 def paged_decode(call):

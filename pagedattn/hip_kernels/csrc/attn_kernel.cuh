@@ -603,10 +603,12 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
   if (!wave_active) return;
 
   // ---- Epilogue: normalise and write -------------------------------------------------------
+  // The partition state (o * v_scale, big_m, big_l) goes to the combine; a direct write is its
+  // one-partition merge, (o * v_scale) / big_l, rounded as the combine rounds it.
   const float vscale = p.v_scale ? p.v_scale[kv_head] : 1.f;
   float inv[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) inv[r] = big_l[r] > 0.f ? vscale / big_l[r] : 0.f;
+  for (int r = 0; r < kRows; ++r) inv[r] = big_l[r] > 0.f ? 1.f / big_l[r] : 0.f;
   const bool direct = !kDecode || p.max_partitions == 1;
 #pragma unroll
   for (int i = 0; i < kAccSlots; ++i) {
@@ -619,11 +621,11 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
       uint16_t* ob = static_cast<uint16_t*>(p.out) + tok * p.o_stride_tok + head * p.o_stride_head;
 #pragma unroll
       for (int n = 0; n < Cfg::kDTiles; ++n)
-        ob[16 * n + acc_y(lane, i)] = from_float(QT{}, o[n].v[i] * sc);
+        ob[16 * n + acc_y(lane, i)] = from_float(QT{}, __fmul_rn(o[n].v[i], vscale) * sc);
     } else {
       float* tb = p.tmp_out + ((int64_t(seq) * p.num_q_heads + head) * p.max_partitions + part) * D;
 #pragma unroll
-      for (int n = 0; n < Cfg::kDTiles; ++n) tb[16 * n + acc_y(lane, i)] = o[n].v[i] * sc;
+      for (int n = 0; n < Cfg::kDTiles; ++n) tb[16 * n + acc_y(lane, i)] = __fmul_rn(o[n].v[i], vscale);
     }
   }
   // Row statistics: one lane per row writes them.
@@ -635,9 +637,7 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
       const int head = kDecode ? q_head0 + x : q_head0;
       const int64_t tok = kDecode ? seq : q_tok0 + row0 + x;
       if (direct) {
-        if (p.lse)
-          p.lse[tok * p.num_q_heads + head] =
-              big_l[r] > 0.f ? (big_m[r] + log2_(big_l[r])) * 0.69314718055994531f : kNegInf;
+        if (p.lse) p.lse[tok * p.num_q_heads + head] = lse_of(big_m[r], big_l[r]);
       } else {
         const int64_t at = (int64_t(seq) * p.num_q_heads + head) * p.max_partitions + part;
         p.max_logits[at] = big_m[r];
@@ -647,52 +647,44 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
   }
 }
 
-// Split-KV combine (HIP.md §4.5): out = sum_p w_p o_p / sum_p w_p, w_p = l_p 2^(m_p - M).
-// grid (Hq, S), D threads. A sequence with no keys gets out 0 and lse -inf.
+// Split-KV combine (HIP.md §4.5): fold the partition states in partition order with
+// merge_state, out = A / L. grid (Hq, S), D threads (thread = column). A sequence's partition
+// count depends on it alone, and the one-pass decode folds with the same merge_state in the same
+// order: outputs are bitwise equal whatever the launch shape. An empty sequence has one neutral
+// partition: out 0, lse -inf.
+// Latency: kGroup partitions' states are loaded at once (one round trip per group; H200 session
+// 6: (1, 32768) had 64 dependent loads in flight 8 at a time). On sm_90 the kernel is launched
+// as a programmatic dependent of the decode grid and waits for it only before its first
+// workspace read.
 template <class QT, int D>
 __global__ void __launch_bounds__(D) combine_kernel(const AttnParams p) {
-  __shared__ float red[D / kWave > 0 ? D / kWave : 1];
+  constexpr int kGroup = 32;
   const int head = blockIdx.x, seq = blockIdx.y, tid = threadIdx.x;
   const int ctx = p.seq_lens[seq];
-  const int parts = (ctx + p.partition_size - 1) / p.partition_size;
+  const int parts = max(1, (ctx + p.partition_size - 1) / p.partition_size);
   const int64_t base = (int64_t(seq) * p.num_q_heads + head) * p.max_partitions;
-
-  auto block_reduce = [&](float v, bool is_max) {
+  grid_dependency_wait();
+  float M = kNegInf, L = 0.f, A = 0.f;
+  for (int g = 0; g < parts; g += kGroup) {
+    float mv[kGroup], lv[kGroup], av[kGroup];
 #pragma unroll
-    for (int msk = kWave / 2; msk > 0; msk >>= 1) {
-      const float o = shfl_xor(v, msk);
-      v = is_max ? fmax(v, o) : v + o;
+    for (int u = 0; u < kGroup; ++u) {
+      const bool ok = g + u < parts;
+      mv[u] = ok ? p.max_logits[base + g + u] : kNegInf;
+      lv[u] = ok ? p.exp_sums[base + g + u] : 0.f;
+      av[u] = ok ? p.tmp_out[(base + g + u) * D + tid] : 0.f;
     }
-    __syncthreads();
-    if (lane_id() == 0) red[wave_id()] = v;
-    __syncthreads();
-    v = red[0];
-    for (int w = 1; w < D / kWave; ++w) v = is_max ? fmax(v, red[w]) : v + red[w];
-    return v;
-  };
-  // Phase 1: global max over the partitions' maxima.
-  float mx = kNegInf;
-  for (int i = tid; i < parts; i += D) mx = fmax(mx, p.max_logits[base + i]);
-  mx = block_reduce(mx, true);
-  const float mu = mx == kNegInf ? 0.f : mx;
-  // Phase 2: the total weight.
-  float sum = 0.f;
-  for (int i = tid; i < parts; i += D) sum += p.exp_sums[base + i] * exp2(p.max_logits[base + i] - mu);
-  sum = block_reduce(sum, false);
-  // Phase 3: weighted sum of the partition outputs, thread = d. Unrolled so that eight
-  // partitions' loads are in flight at once (only the FMA chain on acc is serial).
-  float acc = 0.f;
-#pragma unroll 8
-  for (int i = 0; i < parts; ++i) {
-    const float w = p.exp_sums[base + i] * exp2(p.max_logits[base + i] - mu);
-    acc += w * p.tmp_out[(base + i) * D + tid];
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      if (g + u >= parts) break;
+      A = merge_acc(A, av[u], merge_state(M, L, mv[u], lv[u]));
+    }
   }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const float inv = L > 0.f ? 1.f / L : 0.f;
   uint16_t* ob = static_cast<uint16_t*>(p.out) + int64_t(seq) * p.o_stride_tok + head * p.o_stride_head;
-  ob[tid] = from_float(QT{}, acc * inv);
+  ob[tid] = from_float(QT{}, A * inv);
   if (p.lse && tid == 0)
-    p.lse[int64_t(seq) * p.num_q_heads + head] =
-        sum > 0.f ? (mx + log2_(sum)) * 0.69314718055994531f : kNegInf;
+    p.lse[int64_t(seq) * p.num_q_heads + head] = lse_of(M, L);
 }
 
 }  // namespace pk

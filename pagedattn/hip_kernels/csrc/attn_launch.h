@@ -6,26 +6,27 @@
 
 namespace pk {
 
-const char* launch_decode_f16_f16(const AttnParams& p, int head_dim, bool v_trans, void* stream);
-const char* launch_decode_f16_e4m3(const AttnParams& p, int head_dim, bool v_trans, void* stream);
-const char* launch_decode_f16_e5m2(const AttnParams& p, int head_dim, bool v_trans, void* stream);
-const char* launch_decode_bf16_bf16(const AttnParams& p, int head_dim, bool v_trans, void* stream);
-const char* launch_decode_bf16_e4m3(const AttnParams& p, int head_dim, bool v_trans, void* stream);
-const char* launch_decode_bf16_e5m2(const AttnParams& p, int head_dim, bool v_trans, void* stream);
+const char* launch_decode_f16_f16(AttnParams& p, int head_dim, bool v_trans, void* stream, bool go);
+const char* launch_decode_f16_e4m3(AttnParams& p, int head_dim, bool v_trans, void* stream, bool go);
+const char* launch_decode_f16_e5m2(AttnParams& p, int head_dim, bool v_trans, void* stream, bool go);
+const char* launch_decode_bf16_bf16(AttnParams& p, int head_dim, bool v_trans, void* stream, bool go);
+const char* launch_decode_bf16_e4m3(AttnParams& p, int head_dim, bool v_trans, void* stream, bool go);
+const char* launch_decode_bf16_e5m2(AttnParams& p, int head_dim, bool v_trans, void* stream, bool go);
 const char* launch_extend_f16(const AttnParams& p, int head_dim, void* stream);
 const char* launch_extend_bf16(const AttnParams& p, int head_dim, void* stream);
 
-// kv_dtype == q_dtype for 16-bit caches.
-inline const char* launch_decode(const AttnParams& p, DType q_dtype, DType kv_dtype, int head_dim,
-                                 bool v_trans, void* stream) {
+// kv_dtype == q_dtype for 16-bit caches. go == false resolves the launch shape into p
+// (one_pass: no split workspace needed) and launches nothing.
+inline const char* launch_decode(AttnParams& p, DType q_dtype, DType kv_dtype, int head_dim,
+                                 bool v_trans, void* stream, bool go) {
   const bool bf = q_dtype == kBF16;
   switch (kv_dtype) {
     case kE4M3:
-      return (bf ? launch_decode_bf16_e4m3 : launch_decode_f16_e4m3)(p, head_dim, v_trans, stream);
+      return (bf ? launch_decode_bf16_e4m3 : launch_decode_f16_e4m3)(p, head_dim, v_trans, stream, go);
     case kE5M2:
-      return (bf ? launch_decode_bf16_e5m2 : launch_decode_f16_e5m2)(p, head_dim, v_trans, stream);
+      return (bf ? launch_decode_bf16_e5m2 : launch_decode_f16_e5m2)(p, head_dim, v_trans, stream, go);
     default:
-      return (bf ? launch_decode_bf16_bf16 : launch_decode_f16_f16)(p, head_dim, v_trans, stream);
+      return (bf ? launch_decode_bf16_bf16 : launch_decode_f16_f16)(p, head_dim, v_trans, stream, go);
   }
 }
 

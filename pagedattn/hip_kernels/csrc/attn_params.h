@@ -13,9 +13,11 @@ struct AttnParams {
   const void* q;             // decode [S, Hq, D]; extend [T, Hq, D]       (stride(-1) == 1)
   void* out;                 // like q
   float* lse;                // [S or T, Hq] natural log, contiguous; nullptr when not wanted
-  float* tmp_out;            // decode split-KV [S, Hq, P, D]; nullptr when P == 1
-  float* max_logits;         // decode split-KV [S, Hq, P] (log2 domain)
-  float* exp_sums;           // decode split-KV [S, Hq, P]
+  // Decode split-KV partition states (merge_state): unnormalised output (times v_scale), row
+  // max (log2 domain) and row sum. tmp_out is nullptr when P == 1.
+  float* tmp_out;            // [S, Hq, P, D]
+  float* max_logits;         // [S, Hq, P]
+  float* exp_sums;           // [S, Hq, P]
   const void* k_cache;       // layout-specific, described by the k_stride_* below
   const void* v_cache;
   const int* block_table;    // [S, table_stride]
@@ -37,6 +39,9 @@ struct AttnParams {
   int page_size;          // power of 2, >= 16
   int partition_size;     // decode: multiple of 64
   int max_partitions;     // decode: ceil(table capacity / partition_size)
+  int decode_mode;        // decode request: -1 auto, 0 split, 1 one pass (the launcher resolves)
+  int parts_per_block;    // decode split: partitions per block; 0 = auto (the launcher resolves)
+  int one_pass;           // decode, set by the launcher: each block merges all its partitions
   int num_m_blocks;       // extend: ceil(max query length / 64)
   float scale_log2;       // softmax scale * log2(e)
 };

@@ -183,7 +183,8 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
                   const std::optional<at::Tensor>& lse,      // float32 [S, Hq]
                   const std::optional<at::Tensor>& k_scale,  // float32 [Hkv] (fp8)
                   const std::optional<at::Tensor>& v_scale, int64_t layout, double scale,
-                  int64_t partition_size, int64_t q_head_grid) {
+                  int64_t partition_size, int64_t q_head_grid, int64_t mode,
+                  int64_t parts_per_block) {
   const at::Device dev = q.device();
   PK_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k_cache, &v_cache, &block_table, &seq_lens, &out})
@@ -207,6 +208,8 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   check_scale(v_scale, "v_scale", fp8, g.num_kv_heads, dev);
   PK_CHECK(partition_size > 0 && partition_size % 64 == 0, "partition_size must be a positive multiple of 64");
   PK_CHECK(std::isfinite(scale) && scale > 0, "scale must be finite and > 0");
+  PK_CHECK(mode >= -1 && mode <= 1, "mode must be -1 (auto), 0 (split) or 1 (one pass)");
+  PK_CHECK(parts_per_block >= 0, "parts_per_block must be >= 0 (0: auto)");
   if (S == 0) return;
 
   const c10::cuda::CUDAGuard guard(dev);
@@ -232,9 +235,15 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   p.max_partitions = std::max<int64_t>(1, (capacity + partition_size - 1) / partition_size);
   PK_CHECK(p.max_partitions < 65536 && S < 65536, "grid too large");
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);  // exp2 domain
+  p.decode_mode = static_cast<int>(mode);
+  p.parts_per_block = static_cast<int>(std::min<int64_t>(parts_per_block, p.max_partitions));
 
+  void* stream = c10::cuda::getCurrentCUDAStream().stream();
+  const pk::DType qc = dtype_code(q.scalar_type()), kc = dtype_code(kvt);
+  const char* err = pk::launch_decode(p, qc, kc, D, layout == kHcu, stream, /*go=*/false);
+  PK_CHECK(err == nullptr, "pagedattn_hip.paged_decode launch failed: ", err);
   at::Tensor tmp, ml, es;
-  if (p.max_partitions > 1) {
+  if (!p.one_pass) {  // split: the partition states
     const auto f32 = q.options().dtype(at::kFloat);
     tmp = at::empty({S, Hq, p.max_partitions, D}, f32);
     ml = at::empty({S, Hq, p.max_partitions}, f32);
@@ -243,8 +252,7 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
     p.max_logits = ml.data_ptr<float>();
     p.exp_sums = es.data_ptr<float>();
   }
-  void* stream = c10::cuda::getCurrentCUDAStream().stream();
-  const char* err = pk::launch_decode(p, dtype_code(q.scalar_type()), dtype_code(kvt), D, layout == kHcu, stream);
+  err = pk::launch_decode(p, qc, kc, D, layout == kHcu, stream, /*go=*/true);
   PK_CHECK(err == nullptr, "pagedattn_hip.paged_decode launch failed: ", err);
 }
 
@@ -309,7 +317,7 @@ TORCH_LIBRARY(pagedattn_hip, m) {
   m.def(
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
       "Tensor(a!) out, Tensor(b!)? lse, Tensor? k_scale, Tensor? v_scale, int layout, float scale, "
-      "int partition_size, int q_head_grid) -> ()");
+      "int partition_size, int q_head_grid, int mode, int parts_per_block) -> ()");
   m.def(
       "extend_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
       "Tensor cu_seqlens_q, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, int layout, "

@@ -15,12 +15,17 @@
 //            sums: the rescale factors are common, so they add up at the end). Barrier.
 //   Phase 4  O_w = O_w * corr + P V[:, columns of w]: warp w owns D/4 output columns, over all
 //            T tokens (mma_nt on ldmatrix fragments of Ps and V).
-//   End      l = sum of the 4 warps' sums (shared memory); warp w writes its columns of out
-//            (or the partition's state), warp 0 the row statistics.
+//   Partition end (every partition_size keys): l = sum of the 4 warps' sums (shared memory);
+//            the partition's state is folded into the block's running state (merge_state) or
+//            parked for the combine; m, l, O restart empty.
+//   End      kMerge: warp w writes its columns of out = A / L, warp 0 the lse.
 //
-// Same grid, partitions, combine and outputs as attn_kernel's decode (the arithmetic differs:
-// other tiles, other summation order); batch invariance holds the same way (split points depend
-// on the sequence only). Torch-free.
+// Launch shapes (attn_inst.cuh, launch_cs): one pass (grid (heads, seqs, 1): each block folds
+// all its sequence's partitions) when the (head group, sequence) blocks alone fill the GPU
+// three times over; else split: block z owns partitions [z ppp, z ppp + ppp), ppp as small as
+// keeps the grid within one wave, and the combine folds the parked states in partition order
+// with the same merge_state. Split points depend on the sequence and partition_size only, so
+// the output is bitwise the same for every launch shape and batch. Torch-free.
 #pragma once
 
 #include "attn_kernel.cuh"
@@ -66,7 +71,11 @@ struct DecodeCsCfg {
   static_assert(kStages >= 2 && kMinBlocks >= 2, "a pipeline of >= 2 stages, >= 2 blocks");
 };
 
-template <class Cfg>
+// kMerge: the block folds its partitions into one state (merge_state) and writes out/lse: the
+// one-pass launch (p.one_pass: all partitions of the sequence) and the single-partition launch.
+// Otherwise it parks each of its partitions' states for the combine (p.parts_per_block per
+// block: the pipeline runs on across them).
+template <class Cfg, bool kMerge>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     decode_cs_kernel(const AttnParams p) {
   using QT = typename Cfg::QT;
@@ -90,14 +99,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int tid = threadIdx.x, lane = lane_id(), warp = wave_id();
   const int kv_head = blockIdx.x / p.blocks_per_kv_head;
   const int hg = blockIdx.x % p.blocks_per_kv_head;
-  const int seq = blockIdx.y, part = blockIdx.z;
+  const int seq = blockIdx.y;
+  if constexpr (!kMerge) grid_dependency_launch();  // the combine may launch; it waits for us
   const int ctx = p.seq_lens[seq];
   const int q_head0 = kv_head * p.group + hg * p.heads_per_block;
   const int nrows = min(p.heads_per_block, p.group - hg * p.heads_per_block);
-  const int kbeg = part * p.partition_size;
-  if (part > 0 && kbeg >= ctx) return;  // partition 0 always runs: it writes empty rows
-  const int kend = min(ctx, kbeg + p.partition_size);
+  // Partitions [plo, phi) of the sequence's nparts (an empty sequence has one, neutral).
+  const int nparts = max(1, (ctx + p.partition_size - 1) / p.partition_size);
+  const int plo = kMerge ? 0 : blockIdx.z * p.parts_per_block;
+  if (plo >= nparts) return;
+  const int phi = kMerge ? nparts : min(nparts, plo + p.parts_per_block);
+  const int kbeg = plo * p.partition_size;
+  const int kend = min(ctx, phi * p.partition_size);
   const int nchunks = kend > kbeg ? (kend - kbeg + T - 1) / T : 0;
+  const int cpp = p.partition_size / T;  // tiles per partition
 
   Frag qf[Cfg::kDTiles];  // (16 rows, D), zero rows past nrows
   {
@@ -171,6 +186,64 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   Acc o[OWN];  // (16 rows, 16 columns) x OWN: columns 16 (warp * OWN + j) ..
 #pragma unroll
   for (int j = 0; j < OWN; ++j) zero(o[j]);
+  // kMerge: the running state of the partitions done so far (M, L, A; merge_state).
+  float M[2] = {kNegInf, kNegInf}, L[2] = {0.f, 0.f};
+  Acc A[kMerge ? OWN : 1];
+#pragma unroll
+  for (int j = 0; j < (kMerge ? OWN : 1); ++j) zero(A[j]);
+
+  // End of partition pi: its row sums over the 4 warps (through red: every warp is past phase
+  // 3's reads of it), then fold into (M, L, A) or park; the next partition starts empty.
+  auto finish_partition = [&](int pi) {
+    float lp[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      lp[h] = l[h] + shfl_xor(l[h], 1);
+      lp[h] += shfl_xor(lp[h], 2);
+    }
+    if ((lane & 3) == 0) red[warp][lane / 4] = lp[0], red[warp][lane / 4 + 8] = lp[1];
+    __syncthreads();  // read back before the next tile's phase 2 writes red (after a barrier)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int x = lane / 4 + 8 * h;
+      lp[h] = red[0][x];
+#pragma unroll
+      for (int w = 1; w < Cfg::kWarps; ++w) lp[h] += red[w][x];
+    }
+    if constexpr (kMerge) {
+      MergeFactors f[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) f[h] = merge_state(M[h], L[h], m[h], lp[h]);
+#pragma unroll
+      for (int j = 0; j < OWN; ++j)
+#pragma unroll
+        for (int i = 0; i < kAccSlots; ++i)
+          A[j].v[i] = merge_acc(A[j].v[i], o[j].v[i], f[acc_row(i)]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kAccSlots; ++i) {
+        const int x = acc_x(lane, i);
+        if (x >= nrows) continue;
+        float* tb = p.tmp_out + ((int64_t(seq) * p.num_q_heads + q_head0 + x) * p.max_partitions + pi) * D;
+#pragma unroll
+        for (int j = 0; j < OWN; ++j) tb[16 * (warp * OWN + j) + acc_y(lane, i)] = o[j].v[i];
+      }
+      if (warp == 0 && (lane & 3) == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int x = lane / 4 + 8 * h;
+          if (x >= nrows) continue;
+          const int64_t at = (int64_t(seq) * p.num_q_heads + q_head0 + x) * p.max_partitions + pi;
+          p.max_logits[at] = m[h];
+          p.exp_sums[at] = lp[h];
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) m[h] = kNegInf, l[h] = 0.f;
+#pragma unroll
+    for (int j = 0; j < OWN; ++j) zero(o[j]);
+  };
 
   load_blocks(0);
 #pragma unroll
@@ -178,7 +251,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     if (i < nchunks) issue(i, i);
     cp_async_commit();
   }
-  int rd = 0, wr = NS - 1;
+  int rd = 0, wr = NS - 1, left = cpp, pi = plo;
   for (int ci = 0; ci < nchunks; ++ci) {
     // Phase 1.
     cp_async_wait<NS - 2>();
@@ -252,59 +325,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     }
     rd = rd + 1 == NS ? 0 : rd + 1;
     wr = wr + 1 == NS ? 0 : wr + 1;
-  }
-  cp_async_wait<0>();
-
-  // ---- End: total row sums over the warps; normalise; write ---------------------------------
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += shfl_xor(l[h], 1);
-    l[h] += shfl_xor(l[h], 2);
-  }
-  __syncthreads();  // red is free
-  if ((lane & 3) == 0) red[warp][lane / 4] = l[0], red[warp][lane / 4 + 8] = l[1];
-  __syncthreads();
-  float big_l[2], inv[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int x = lane / 4 + 8 * h;
-    big_l[h] = red[0][x];
-#pragma unroll
-    for (int w = 1; w < Cfg::kWarps; ++w) big_l[h] += red[w][x];
-    inv[h] = big_l[h] > 0.f ? 1.f / big_l[h] : 0.f;
-  }
-  const bool direct = p.max_partitions == 1;
-#pragma unroll
-  for (int i = 0; i < kAccSlots; ++i) {
-    const int x = acc_x(lane, i);
-    if (x >= nrows) continue;
-    const int head = q_head0 + x;
-    const float sc = inv[acc_row(i)];
-#pragma unroll
-    for (int j = 0; j < OWN; ++j) {
-      const int col = 16 * (warp * OWN + j) + acc_y(lane, i);
-      if (direct) {
-        uint16_t* ob = static_cast<uint16_t*>(p.out) + int64_t(seq) * p.o_stride_tok +
-                       int64_t(head) * p.o_stride_head;
-        ob[col] = from_float(QT{}, o[j].v[i] * sc);
-      } else {
-        p.tmp_out[((int64_t(seq) * p.num_q_heads + head) * p.max_partitions + part) * D + col] =
-            o[j].v[i] * sc;
-      }
+    if (--left == 0 || ci + 1 == nchunks) {
+      finish_partition(pi++);
+      left = cpp;
     }
   }
-  if (warp == 0 && (lane & 3) == 0) {
+  cp_async_wait<0>();
+  if (nchunks == 0) finish_partition(plo);  // an empty sequence: its neutral partition
+  if constexpr (kMerge) {  // out = A / L, lse
+    float inv[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int x = lane / 4 + 8 * h;
+    for (int h = 0; h < 2; ++h) inv[h] = L[h] > 0.f ? 1.f / L[h] : 0.f;
+#pragma unroll
+    for (int i = 0; i < kAccSlots; ++i) {
+      const int x = acc_x(lane, i);
       if (x >= nrows) continue;
-      const int64_t at = int64_t(seq) * p.num_q_heads + q_head0 + x;
-      if (direct) {
-        if (p.lse)
-          p.lse[at] = big_l[h] > 0.f ? (m[h] + log2_(big_l[h])) * 0.69314718055994531f : kNegInf;
-      } else {
-        p.max_logits[at * p.max_partitions + part] = m[h];
-        p.exp_sums[at * p.max_partitions + part] = big_l[h];
+      uint16_t* ob = static_cast<uint16_t*>(p.out) + int64_t(seq) * p.o_stride_tok +
+                     int64_t(q_head0 + x) * p.o_stride_head;
+#pragma unroll
+      for (int j = 0; j < OWN; ++j)
+        ob[16 * (warp * OWN + j) + acc_y(lane, i)] = from_float(QT{}, A[j].v[i] * inv[acc_row(i)]);
+    }
+    if (p.lse && warp == 0 && (lane & 3) == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int x = lane / 4 + 8 * h;
+        if (x < nrows) p.lse[int64_t(seq) * p.num_q_heads + q_head0 + x] = lse_of(M[h], L[h]);
       }
     }
   }

@@ -126,6 +126,44 @@ PK_DEVICE float log2_(float x) {
 #endif
 }
 
+// Partition-state merge (split-KV): a state is (M, L, A): row max in log2 units, row sum, and
+// the unnormalised output. Folding (m_p, l_p, A_p) into (M, L, A): M' = max(M, m_p),
+// a = 2^(M - M'), b = 2^(m_p - M'), L' = l_p b + L a, A' = A_p b + A a. Every kernel that merges
+// (the split combine, the one-pass decode) calls these two, so they round alike; a neutral state
+// (-inf, 0, 0) folds as an exact identity and never makes a NaN.
+struct MergeFactors {
+  float a, b;
+};
+PK_DEVICE MergeFactors merge_state(float& M, float& L, float m_p, float l_p) {
+  const float mn = fmax(M, m_p);
+  const float ms = mn == kNegInf ? 0.f : mn;
+  const MergeFactors f{exp2(M - ms), exp2(m_p - ms)};
+  L = fmaf(l_p, f.b, __fmul_rn(L, f.a));
+  M = mn;
+  return f;
+}
+PK_DEVICE float merge_acc(float A, float A_p, MergeFactors f) {
+  return fmaf(A_p, f.b, __fmul_rn(A, f.a));
+}
+// Natural-log LSE of a final state; -inf for a row with no key.
+PK_DEVICE float lse_of(float M, float L) {
+  return L > 0.f ? (M + log2_(L)) * 0.69314718055994531f : kNegInf;
+}
+
+// Programmatic dependent launch (sm_90+; no-ops elsewhere and when launched without the
+// attribute): the primary lets its dependent grid start early, the dependent waits for the
+// primary's completion and memory before reading what it wrote.
+PK_DEVICE void grid_dependency_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+PK_DEVICE void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 PK_DEVICE float as_float(uint32_t u) {
   float f;
   __builtin_memcpy(&f, &u, 4);

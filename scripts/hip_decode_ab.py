@@ -1,0 +1,75 @@
+"""A/B of HIP decode launch shapes on the issue's decode shapes, from CUDA graphs (GPU only).
+
+Each variant is NAME=ENV[,ENV...] (environment set while that variant is captured and timed),
+e.g. ``auto= split1=PAGEDATTN_HIP_DECODE_MODE=split,PAGEDATTN_HIP_DECODE_PPP=1``; ``triton``
+times the Triton backend as the yardstick. Prints one row per shape: microseconds per variant
+and each variant's speed relative to the first. Outputs are not compared here (the GPU tests do).
+
+Usage: python scripts/hip_decode_ab.py [--quick] [--label L] VARIANT [VARIANT ...]
+"""
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.bench_decode import BLOCKS, HEADS, SHAPES, _bench_graph, _case, _ours  # noqa: E402
+
+
+def _variants(specs):
+    out = []
+    for spec in specs:
+        name, _, env = spec.partition("=")
+        pairs = [kv.split("=", 1) for kv in env.split(",") if kv]
+        out.append((name, dict(pairs)))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="32/8, block 16 only")
+    ap.add_argument("--label", default="", help="printed in the header (e.g. a commit)")
+    ap.add_argument("variants", nargs="+")
+    args = ap.parse_args(argv)
+    import torch
+
+    variants = _variants(args.variants)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    heads, blocks = (HEADS[:1], BLOCKS[:1]) if args.quick else (HEADS, BLOCKS)
+    names = [n for n, _ in variants]
+    print(f"# HIP decode A/B {args.label}: us per call from CUDA graphs; x = first / this")
+    print("| Hq/Hkv | block | (batch, ctx) | " + " | ".join(names) + " | "
+          + " | ".join(f"x {n}" for n in names[1:]) + " |")
+    print("|" + "---|" * (3 + 2 * len(names) - 1))
+    for hq, hkv in heads:
+        for bs in blocks:
+            for batch, ctx in SHAPES:
+                q, k, v, table, lens = _case(batch, ctx, hq, hkv, bs, torch.bfloat16, "cuda", gen)
+                out = torch.empty_like(q)
+                times = []
+                for name, env in variants:
+                    saved = {key: os.environ.get(key) for key in env}
+                    os.environ.update(env)
+                    try:
+                        backend = "triton" if name == "triton" else "hip"
+                        times.append(_bench_graph(_ours(q, k, v, table, lens, out, backend)))
+                    except Exception as e:  # noqa: BLE001
+                        print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                        times.append(float("nan"))
+                    finally:
+                        for key, val in saved.items():
+                            if val is None:
+                                os.environ.pop(key, None)
+                            else:
+                                os.environ[key] = val
+                ratios = [times[0] / t for t in times[1:]]
+                print(f"| {hq}/{hkv} | {bs} | ({batch}, {ctx}) | "
+                      + " | ".join(f"{t:.1f}" for t in times) + " | "
+                      + " | ".join(f"{r:.3f}" for r in ratios) + " |", flush=True)
+                del q, k, v, table, lens, out
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
