@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH: an A/B tree may shadow the package
 
 from bench.bench_decode import BLOCKS, HEADS, SHAPES, _bench_graph, _case, _ours  # noqa: E402
 
