@@ -37,6 +37,9 @@
 #ifndef PK_CS_INTERLEAVE
 #define PK_CS_INTERLEAVE 0
 #endif
+#ifndef PK_CS_SWIZZLE
+#define PK_CS_SWIZZLE 1
+#endif
 
 #if PK_PIPE_ENABLED && PK_DECODE_COLSPLIT
 #define PK_COLSPLIT_ENABLED 1
@@ -57,7 +60,17 @@ struct DecodeCsCfg {
   static constexpr int kDTiles = D / 16;         // 16-column tiles of Q and O
   static constexpr int kOwnTiles = kDTiles / kWarps;  // O tiles per warp (phase 4)
   static constexpr int kStages = PK_DECODE_STAGES;
-  static constexpr int kKStride = D + 8;         // K / V row pitch (16-bit elements)
+  // K / V [T][D] tiles. Swizzled (PK_CS_SWIZZLE=1): rows of D elements, 16-byte chunk c of row
+  // r at chunk c ^ (r & 7). Each 128-byte line a copy instruction fetches then lands in one
+  // aligned 128-byte block of shared memory, and the 8 rows an ldmatrix reads hit 8 distinct
+  // bank groups. Padded (0): rows of D + 8 elements; there the lines straddle 128-byte blocks
+  // and the H200 served 1.5 L2 sectors per DRAM sector (22 M L2 requests instead of 8.4 M at
+  // (64, 4096) 32/8; session 7).
+  static constexpr bool kSwz = PK_CS_SWIZZLE;
+  static constexpr int kKStride = kSwz ? D : D + 8;  // row pitch (16-bit elements)
+  static PK_DEVICE int kv_off(int r, int c) {  // element offset of chunk c (8 elements) of row r
+    return r * kKStride + 8 * (kSwz ? c ^ (r & 7) : c);
+  }
   static constexpr int kVtStride = T + 8;        // hcu V^T row pitch
   static constexpr int kPStride = T + 8;         // Ps row pitch
   static constexpr int kStageElems = T * kKStride + (kVTrans ? D * kVtStride : T * kKStride);
@@ -100,8 +113,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   static_assert(NT % TVR == 0 && Cfg::kUnits * DPU == D, "V^T copies cover the tile once");
   // Preconditions (host-checked): page_size a power of 2 >= 16; partition_size % 64 == 0; cache
   // base pointers 16-byte aligned, k/v strides multiples of 8; q strides even; group <= 16.
-  extern __shared__ __align__(16) uint8_t pk_dyn_smem[];
-  uint16_t* stages = reinterpret_cast<uint16_t*>(pk_dyn_smem);  // (NS, SE)
+  extern __shared__ __align__(128) uint8_t pk_cs_smem[];  // 128: the swizzle assumes it
+  uint16_t* stages = reinterpret_cast<uint16_t*>(pk_cs_smem);  // (NS, SE)
   __shared__ __align__(16) uint16_t Ps[16 * PS];                // (16 rows, T tokens) of P
   __shared__ float red[Cfg::kWarps][16];                        // row maxima, then row sums
 
@@ -176,21 +189,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int u = 0; u < RPT; ++u) {
         const int r = row0 + u * RSTEP, tok = c0 + r, h = u * RSTEP / 16;
         const int nb = tok < ctx ? 16 : 0;
-        cp_async16(ks + r * KS + vec * 8, kb + nblk[h] * ksb + ((tok & pmask) * kst + vec * 16), nb);
+        cp_async16(ks + Cfg::kv_off(r, vec), kb + nblk[h] * ksb + ((tok & pmask) * kst + vec * 16), nb);
         if constexpr (!Cfg::kVTrans)
-          cp_async16(vs + r * KS + vec * 8, vb + nblk[h] * vsb + ((tok & pmask) * vst + vec * 16), nb);
+          cp_async16(vs + Cfg::kv_off(r, vec), vb + nblk[h] * vsb + ((tok & pmask) * vst + vec * 16), nb);
       }
     } else {
       const int tok0 = c0 + row0, off0 = tok0 & pmask;
       const char* ksrc = kb + nblk[0] * ksb + (off0 * kst + vec * 16);
 #pragma unroll
       for (int u = 0; u < RPT; ++u)
-        cp_async16(ks + (row0 + u) * KS + vec * 8, ksrc + u * kst, tok0 + u < ctx ? 16 : 0);
+        cp_async16(ks + Cfg::kv_off(row0 + u, vec), ksrc + u * kst, tok0 + u < ctx ? 16 : 0);
       if constexpr (!Cfg::kVTrans) {
         const char* vsrc = vb + nblk[0] * vsb + (off0 * vst + vec * 16);
 #pragma unroll
         for (int u = 0; u < RPT; ++u)
-          cp_async16(vs + (row0 + u) * KS + vec * 8, vsrc + u * vst, tok0 + u < ctx ? 16 : 0);
+          cp_async16(vs + Cfg::kv_off(row0 + u, vec), vsrc + u * vst, tok0 + u < ctx ? 16 : 0);
       }
     }
     if constexpr (Cfg::kVTrans) {  // 8 tokens of one d: contiguous, within one page
@@ -292,7 +305,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
     for (int kc = 0; kc < D / 32; ++kc) {
       uint32_t b[4];
-      ldsm_n8_k32(ks + 8 * warp * KS + 32 * kc, KS, lane, b);
+      ldsm_x4(ks + Cfg::kv_off(8 * warp + (lane & 7), 4 * kc + (lane >> 3)), b);  // ldsm_n8_k32
       mma_n8<QT>(s, qf[2 * kc], b[0], b[1]);
       mma_n8<QT>(s, qf[2 * kc + 1], b[2], b[3]);
     }
@@ -343,7 +356,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int tt = 0; tt < T / 16; ++tt) {
         Frag vf;
         if constexpr (Cfg::kVTrans) vf = ldsm_rows(vs + 16 * n * VTS + 16 * tt, VTS, lane);
-        else vf = ldsm_cols(vs + 16 * tt * KS + 16 * n, KS, lane);
+        else  // ldsm_cols
+          ldsm_x4_trans(vs + Cfg::kv_off(16 * tt + 8 * (lane >> 4) + (lane & 7), 2 * n + ((lane >> 3) & 1)), vf.r);
         mma_nt<QT>(o[j], pf[tt], vf);
       }
     }

@@ -67,6 +67,18 @@ PK_DEVICE Frag ldsm_cols(const uint16_t* tile, int ld, int lane) {
   return f;
 }
 
+// The .x4 forms on an address the caller computed for its lane (swizzled tiles).
+PK_DEVICE void ldsm_x4(const uint16_t* a, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(a)));
+}
+PK_DEVICE void ldsm_x4_trans(const uint16_t* a, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(a)));
+}
+
 // B operands of two k-steps of an m16n8k16 from 8 rows (n) of a tile stored [n][k] (k
 // contiguous), k = 32 from column k0: matrix j = rows 0..7 x k 8j..8j+7, so lane l gets
 // (row l/4, k 2(l%4) + 8j + {0,1}) in register j: b[0], b[1] are k-step 0's two registers,
