@@ -26,12 +26,13 @@ namespace pk {
 
 constexpr int head_tiles_for(int reuse) { return reuse <= 16 ? 1 : reuse <= 32 ? 2 : 4; }
 
-// Dynamic shared memory above 48 KB needs a per-device opt-in (NVIDIA; the pipelined decodes).
-// Done once per device and kernel (Cfg names it); nullptr or the error.
+// Shared memory above 48 KB per block, static plus dynamic, needs a per-device opt-in (NVIDIA;
+// the pipelined decodes): done for any dynamic size, once per device and kernel (Cfg names it);
+// nullptr or the error. (48 KB of stages + 2.5 KB static failed to launch without it.)
 template <class Cfg, class Kernel>
 const char* opt_in_smem(Kernel kernel, int bytes) {
 #if defined(PK_CUDA)
-  if (bytes > 48 * 1024) {
+  if (bytes > 0) {
     static std::atomic<uint64_t> done{0};  // bit d: device d opted in
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return last_launch_error();
