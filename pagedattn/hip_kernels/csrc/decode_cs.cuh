@@ -34,9 +34,6 @@
 #ifndef PK_DECODE_COLSPLIT
 #define PK_DECODE_COLSPLIT 1
 #endif
-#ifndef PK_CS_INTERLEAVE
-#define PK_CS_INTERLEAVE 0
-#endif
 #ifndef PK_CS_SWIZZLE
 #define PK_CS_SWIZZLE 1
 #endif
@@ -99,17 +96,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   constexpr int KS = Cfg::kKStride, VTS = Cfg::kVtStride, PS = Cfg::kPStride;
   constexpr int SE = Cfg::kStageElems, OWN = Cfg::kOwnTiles;
   constexpr int VPR = D / 8;         // 16-byte vectors per K/V row
-  constexpr int RPT = Cfg::kUnits;   // K/V rows per thread
-  // PK_CS_INTERLEAVE=0: a thread's rows are consecutive tokens of one page (one table entry per
-  // tile); 1: they step by T / RPT, so each copy instruction of the block covers consecutive
-  // rows (two table entries per tile: one per 16-token half).
-  constexpr bool kIl = PK_CS_INTERLEAVE;
-  constexpr int RSTEP = kIl ? T / RPT : 1;
+  constexpr int RPT = Cfg::kUnits;   // K/V rows per thread: consecutive tokens of one page
   constexpr int TVR = T / 8;         // hcu: 16-byte token vectors per V^T row
   constexpr int DPU = NT / TVR;      // hcu: V^T rows one pass covers
   static_assert(NT % VPR == 0 && NT / VPR * RPT == T, "K/V copies cover the tile once");
   static_assert(16 % RPT == 0, "a thread's rows lie in one page (page >= 16)");
-  static_assert(!kIl || (T == 32 && RSTEP * RPT == T && RSTEP <= 16), "two 16-token halves");
   static_assert(NT % TVR == 0 && Cfg::kUnits * DPU == D, "V^T copies cover the tile once");
   // Preconditions (host-checked): page_size a power of 2 >= 16; partition_size % 64 == 0; cache
   // base pointers 16-byte aligned, k/v strides multiples of 8; q strides even; group <= 16.
@@ -157,7 +148,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   // ---- cp.async pipeline (as attn_kernel's): stage ci % NS holds tile ci --------------------
   const int lg_page = __ffs(p.page_size) - 1, pmask = p.page_size - 1;
-  const int vec = tid % VPR, row0 = kIl ? tid / VPR : tid / VPR * RPT;
+  const int vec = tid % VPR, row0 = tid / VPR * RPT;
   const int tv0 = (tid % TVR) * 8, drow0 = tid / TVR;
   const uint64_t ksb = p.k_stride_block * 2, vsb = p.v_stride_block * 2;
   const int kst = int(p.k_stride_token) * 2, vst = int(p.v_stride_token) * 2;
@@ -167,14 +158,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int* trow = p.block_table + int64_t(seq) * p.table_stride;
   // Table entry of this thread's rows (one page) / hcu token vector in the next tile to issue,
   // read one issue ahead so that no copy waits on it; 0 past ctx (those copies read nothing).
-  uint32_t nblk[2] = {0, 0}, nvblk = 0;
+  uint32_t nblk = 0, nvblk = 0;
   auto load_blocks = [&](int ci) {
     const int c0 = kbeg + ci * T;
-#pragma unroll
-    for (int h = 0; h < (kIl ? 2 : 1); ++h) {
-      const int tok = c0 + row0 + 16 * h;
-      nblk[h] = ci < nchunks && tok < ctx ? trow[tok >> lg_page] : 0;
-    }
+    const int tok = c0 + row0;
+    nblk = ci < nchunks && tok < ctx ? trow[tok >> lg_page] : 0;
     if constexpr (Cfg::kVTrans) {
       const int tok = c0 + tv0;
       nvblk = ci < nchunks && tok < ctx ? trow[tok >> lg_page] : 0;
@@ -184,29 +172,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int c0 = kbeg + ci * T;
     uint16_t* ks = stages + st * SE;  // (T, KS)
     uint16_t* vs = ks + T * KS;       // (T, KS), hcu (D, VTS)
-    if constexpr (kIl) {
+    const int tok0 = c0 + row0, off0 = tok0 & pmask;
+    const char* ksrc = kb + nblk * ksb + (off0 * kst + vec * 16);
 #pragma unroll
-      for (int u = 0; u < RPT; ++u) {
-        const int r = row0 + u * RSTEP, tok = c0 + r, h = u * RSTEP / 16;
-        const int nb = tok < ctx ? 16 : 0;
-        cp_async16(ks + Cfg::kv_off(r, vec), kb + nblk[h] * ksb + ((tok & pmask) * kst + vec * 16), nb);
-        if constexpr (!Cfg::kVTrans)
-          cp_async16(vs + Cfg::kv_off(r, vec), vb + nblk[h] * vsb + ((tok & pmask) * vst + vec * 16), nb);
-      }
-    } else {
-      const int tok0 = c0 + row0, off0 = tok0 & pmask;
-      const char* ksrc = kb + nblk[0] * ksb + (off0 * kst + vec * 16);
+    for (int u = 0; u < RPT; ++u)
+      cp_async16(ks + Cfg::kv_off(row0 + u, vec), ksrc + u * kst, tok0 + u < ctx ? 16 : 0);
+    if constexpr (!Cfg::kVTrans) {
+      const char* vsrc = vb + nblk * vsb + (off0 * vst + vec * 16);
 #pragma unroll
       for (int u = 0; u < RPT; ++u)
-        cp_async16(ks + Cfg::kv_off(row0 + u, vec), ksrc + u * kst, tok0 + u < ctx ? 16 : 0);
-      if constexpr (!Cfg::kVTrans) {
-        const char* vsrc = vb + nblk[0] * vsb + (off0 * vst + vec * 16);
-#pragma unroll
-        for (int u = 0; u < RPT; ++u)
-          cp_async16(vs + Cfg::kv_off(row0 + u, vec), vsrc + u * vst, tok0 + u < ctx ? 16 : 0);
-      }
-    }
-    if constexpr (Cfg::kVTrans) {  // 8 tokens of one d: contiguous, within one page
+        cp_async16(vs + Cfg::kv_off(row0 + u, vec), vsrc + u * vst, tok0 + u < ctx ? 16 : 0);
+    } else {  // 8 tokens of one d: contiguous, within one page
       const int tok = c0 + tv0;
       const char* vsrc = vb + nvblk * vsb + (tok & pmask) * vst;
       const int nbytes = tok < ctx ? min(16, 2 * (ctx - tok)) : 0;  // partial vector: zeros
