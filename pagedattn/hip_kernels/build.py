@@ -11,9 +11,17 @@ Build switches (environment, read at build time; each combination is its own cac
 
 * ``PAGEDATTN_HIP_DECODE_PIPELINE=0``: NVIDIA decode falls back to the register-prefetch path
   (``-DPK_DECODE_PIPELINE=0``); default 1, the cp.async pipeline for 16-bit caches.
-* ``PAGEDATTN_HIP_DECODE_STAGES=N``: pipeline depth (``-DPK_DECODE_STAGES=N``). Default 3 on
-  sm_90/sm_100 (104 KB of shared memory per block, 2 blocks per SM), 2 elsewhere (70 KB: fits
-  the 99 KB per-block limit of sm_86/89/120).
+* ``PAGEDATTN_HIP_DECODE_STAGES=N``: attn_kernel's pipeline depth (``-DPK_DECODE_STAGES=N``;
+  fp8 caches, groups > 16 and ``COLSPLIT=0``). Default 3 on sm_90/sm_100 (104 KB of shared
+  memory per block, 2 blocks per SM), 2 elsewhere (70 KB: fits the 99 KB per-block limit of
+  sm_86/89/120).
+* ``PAGEDATTN_HIP_DECODE_CS_STAGES=N``: the column-split decode's depth (``-DPK_CS_STAGES=N``,
+  16 KB per stage at D 128). Default 2: H200 session 7, faster than 3 on 14 of the 20 decode
+  rows (1-3 %), 1-2 % slower on the two 32/32 (256, 2048) rows; 4 was slower.
+* ``PAGEDATTN_HIP_DECODE_SWIZZLE=0``: the column split's K/V tiles keep padded rows (pitch
+  D + 8) instead of XOR-swizzled 16-byte chunks. Padded rows made the L2 serve 1.5 sectors per
+  DRAM sector (H200 session 7: 22 M vs 8.4 M L2 requests at (64, 4096) 32/8); the swizzle was
+  8-10 % faster on every 32/8 block-16 row.
 * ``PAGEDATTN_HIP_CP_ASYNC_L2=0|64|128|256``: L2 prefetch-size hint of the copies (default 0;
   256 measured no better on the H200).
 * ``PAGEDATTN_HIP_DECODE_COLSPLIT=0``: groups of <= 16 heads run attn_kernel's pipeline instead
@@ -72,6 +80,7 @@ BUILD_SWITCHES = {  # environment variable -> macro (NVIDIA decode pipeline; no-
     "PAGEDATTN_HIP_DECODE_SMALL_TILE": "PK_DECODE_SMALL_TILE",
     "PAGEDATTN_HIP_DECODE_COLSPLIT": "PK_DECODE_COLSPLIT",
     "PAGEDATTN_HIP_DECODE_SWIZZLE": "PK_CS_SWIZZLE",
+    "PAGEDATTN_HIP_DECODE_CS_STAGES": "PK_CS_STAGES",
 }
 
 

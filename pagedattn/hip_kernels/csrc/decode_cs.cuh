@@ -4,10 +4,10 @@
 // Why: attn_kernel gives each of its 4 waves 16 tokens of a 64-token tile and merges the token
 // slices at the end, so a block needs 34 KB per stage and an SM holds 2 blocks (8 warps): too
 // few to hide the tile loop's latency (H200, bench/results/2026-12-01-h200-s6). Here the 4 warps
-// share one 32-token tile (17 KB per stage, 3 stages: 4 blocks and 16 warps per SM):
+// share one 32-token tile (16 KB per stage at D 128, 2 stages: 4 blocks and 16 warps per SM):
 //
-//   Phase 1  wait for tile i (cp.async, kStages deep as in attn_kernel), barrier, issue tile
-//            i+kStages-1; K as [T][D] and V as [T][D] (hcu: V^T [D][T]), padded rows.
+//   Phase 1  wait for tile i (cp.async, PK_CS_STAGES deep), barrier, issue tile i+kStages-1;
+//            K as [T][D] and V as [T][D] with swizzled 16-byte chunks (hcu: V^T [D][T], padded).
 //   Phase 2  S_w = Q K_w^T: warp w takes tokens 8w..8w+7 (one m16n8k16 n-tile, 8 k-steps).
 //            Mask, scale to log2 units, row maxima over its 8 tokens -> red_max[w]. Barrier.
 //   Phase 3  every warp: tile max of the 4 warps, the same new running max m; P_w = exp2(S_w - m)
@@ -37,6 +37,12 @@
 #ifndef PK_CS_SWIZZLE
 #define PK_CS_SWIZZLE 1
 #endif
+// Pipeline depth of the column split (stages of 16 KB at D 128; 4 blocks per SM either way).
+// H200, session 7 (bench/results/2026-12-01-h200-s7): 2 stages beat 3 on 14 of the 20 decode
+// rows (1-3 %; (1, 32768) 38.9 vs 40.1 us), lost 1-2 % on the two 32/32 (256, 2048) rows.
+#ifndef PK_CS_STAGES
+#define PK_CS_STAGES 2
+#endif
 
 #if PK_PIPE_ENABLED && PK_DECODE_COLSPLIT
 #define PK_COLSPLIT_ENABLED 1
@@ -56,7 +62,7 @@ struct DecodeCsCfg {
   static constexpr int T = 32;                   // tokens per KV tile; 8 per warp in phase 2
   static constexpr int kDTiles = D / 16;         // 16-column tiles of Q and O
   static constexpr int kOwnTiles = kDTiles / kWarps;  // O tiles per warp (phase 4)
-  static constexpr int kStages = PK_DECODE_STAGES;
+  static constexpr int kStages = PK_CS_STAGES;
   // K / V [T][D] tiles. Swizzled (PK_CS_SWIZZLE=1): rows of D elements, 16-byte chunk c of row
   // r at chunk c ^ (r & 7). Each 128-byte line a copy instruction fetches then lands in one
   // aligned 128-byte block of shared memory, and the 8 rows an ldmatrix reads hit 8 distinct
