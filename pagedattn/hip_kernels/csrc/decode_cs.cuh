@@ -12,7 +12,7 @@
 //            Mask, scale to log2 units, row maxima over its 8 tokens -> red_max[w]. Barrier.
 //   Phase 3  every warp: tile max of the 4 warps, the same new running max m; P_w = exp2(S_w - m)
 //            -> Ps[16][T] (16-bit), l_w += row sums of P_w (each warp keeps its own partial
-//            sums: the rescale factors are common, so they add up at the end). Barrier.
+//            sums: the rescale factors are common, so they add up at partition end). Barrier.
 //   Phase 4  O_w = O_w * corr + P V[:, columns of w]: warp w owns D/4 output columns, over all
 //            T tokens (mma_nt on ldmatrix fragments of Ps and V).
 //   Partition end (every partition_size keys): l = sum of the 4 warps' sums (shared memory);
