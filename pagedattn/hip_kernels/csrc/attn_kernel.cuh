@@ -42,6 +42,12 @@
 #ifndef PK_DECODE_SMALL_TILE
 #define PK_DECODE_SMALL_TILE 0
 #endif
+// 1: the pipeline's K (and non-hcu V) tiles use swizzled unpadded rows (pk_pipe.h tile_off), as
+// the column-split decode does; 0 (default until measured): padded rows. Session 7 found the
+// padded rows cost the column split 8-10 % through split L2 requests.
+#ifndef PK_DECODE_SWIZZLE
+#define PK_DECODE_SWIZZLE 0
+#endif
 #if defined(PK_CUDA) && PK_DECODE_PIPELINE
 #define PK_PIPE_ENABLED 1
 #else
@@ -74,7 +80,8 @@ struct AttnCfg {
   static constexpr int kDTiles = D / 16;
   static constexpr int kEpv = 16 / KVT::kBytes;           // cache elements per 16-byte load
   static constexpr int kUnits = T * D / kEpv / kThreads;  // 16-byte loads per thread (K, and V)
-  static constexpr int kKStride = D + 8;                  // LDS row pitch (16-bit elements)
+  static constexpr bool kSwz = kPipe && PK_DECODE_SWIZZLE;  // PK_DECODE_SWIZZLE above
+  static constexpr int kKStride = kSwz ? D : D + 8;       // LDS row pitch (16-bit elements)
   static constexpr int kVStride = T + 8;
   static constexpr int kMaxSub = T / 16;                  // page >= 16: <= 4 pages per tile
   static constexpr int kTileBytes = (T * kKStride + D * kVStride) * 2;
@@ -86,6 +93,9 @@ struct AttnCfg {
   // 16-byte copies and the ldmatrix row reads conflict-free (consecutive rows 16 banks apart).
   static constexpr int kStages = PK_DECODE_STAGES;
   static constexpr int kVtStride = kVTrans ? T + 8 : kKStride;
+#if PK_PIPE_ENABLED
+  static PK_DEVICE int kv_off(int r, int c) { return tile_off<kKStride, kSwz>(r, c); }
+#endif
   static constexpr int kStageElems = T * kKStride + (kVTrans ? D : T) * kVtStride;
   static constexpr int kPipeBytes =
       kStages * kStageElems * 2 > kRedBytes ? kStages * kStageElems * 2 : kRedBytes;
@@ -155,7 +165,8 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
   // base pointers 16-byte aligned and k/v strides multiples of EPV; q strides even.
   uint8_t* smem;
   if constexpr (Cfg::kPipe) {
-    extern __shared__ __align__(16) uint8_t pk_dyn_smem[];  // (kStages, kStageElems) 16-bit
+    // (kStages, kStageElems) 16-bit; the swizzle needs 128-byte aligned stages
+    extern __shared__ __align__(Cfg::kSwz ? 128 : 16) uint8_t pk_dyn_smem[];
     smem = pk_dyn_smem;
   } else {
     __shared__ __align__(16) uint8_t pk_tile_smem[Cfg::kSmemBytes];
@@ -461,11 +472,18 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
         const int row = u * RPU + row0, tok = c0 + row;
         const bool ok = tok < ctx;
         const int off = tok & pmask;
-        cp_async16(ks + row * KS + vec * 8, kb + nblk[u] * ksb + (off * kst + vec * 16),
-                   ok ? 16 : 0);
-        if constexpr (!Cfg::kVTrans)
-          cp_async16(vs + row * KS + vec * 8, vb + nblk[u] * vsb + (off * vst + vec * 16),
+        if constexpr (Cfg::kSwz) {
+          const int so = Cfg::kv_off(row, vec);
+          cp_async16(ks + so, kb + nblk[u] * ksb + (off * kst + vec * 16), ok ? 16 : 0);
+          if constexpr (!Cfg::kVTrans)
+            cp_async16(vs + so, vb + nblk[u] * vsb + (off * vst + vec * 16), ok ? 16 : 0);
+        } else {
+          cp_async16(ks + row * KS + vec * 8, kb + nblk[u] * ksb + (off * kst + vec * 16),
                      ok ? 16 : 0);
+          if constexpr (!Cfg::kVTrans)
+            cp_async16(vs + row * KS + vec * 8, vb + nblk[u] * vsb + (off * vst + vec * 16),
+                       ok ? 16 : 0);
+        }
       }
       if constexpr (Cfg::kVTrans) {  // 8 tokens of one d: contiguous, within one page
         const int tok = c0 + tv0;
@@ -501,10 +519,28 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
       const uint16_t* vs = ks + T * KS;
       consume(
           kbeg + ci * T,
-          [&](int tb, int kk) { return ldsm_rows(ks + tb * KS + 16 * kk, KS, lane); },
+          [&](int tb, int kk) {
+            if constexpr (Cfg::kSwz) {  // ldsm_rows' lane map on the swizzled tile
+              Frag f;
+              ldsm_x4(ks + Cfg::kv_off(tb + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * kk + (lane >> 4)),
+                      f.r);
+              return f;
+            } else {
+              return ldsm_rows(ks + tb * KS + 16 * kk, KS, lane);
+            }
+          },
           [&](int tb, int n) {
-            if constexpr (Cfg::kVTrans) return ldsm_rows(vs + 16 * n * VTS + tb, VTS, lane);
-            else return ldsm_cols(vs + tb * KS + 16 * n, KS, lane);
+            if constexpr (Cfg::kVTrans) {
+              return ldsm_rows(vs + 16 * n * VTS + tb, VTS, lane);
+            } else if constexpr (Cfg::kSwz) {  // ldsm_cols' lane map on the swizzled tile
+              Frag f;
+              ldsm_x4_trans(
+                  vs + Cfg::kv_off(tb + 8 * (lane >> 4) + (lane & 7), 2 * n + ((lane >> 3) & 1)),
+                  f.r);
+              return f;
+            } else {
+              return ldsm_cols(vs + tb * KS + 16 * n, KS, lane);
+            }
           });
       rd = rd + 1 == NS ? 0 : rd + 1;
       wr = wr + 1 == NS ? 0 : wr + 1;

@@ -71,9 +71,7 @@ struct DecodeCsCfg {
   // (64, 4096) 32/8; session 7).
   static constexpr bool kSwz = PK_CS_SWIZZLE;
   static constexpr int kKStride = kSwz ? D : D + 8;  // row pitch (16-bit elements)
-  static PK_DEVICE int kv_off(int r, int c) {  // element offset of chunk c (8 elements) of row r
-    return r * kKStride + 8 * (kSwz ? c ^ (r & 7) : c);
-  }
+  static PK_DEVICE int kv_off(int r, int c) { return tile_off<kKStride, kSwz>(r, c); }
   static constexpr int kVtStride = T + 8;        // hcu V^T row pitch
   static constexpr int kPStride = T + 8;         // Ps row pitch
   static constexpr int kStageElems = T * kKStride + (kVTrans ? D * kVtStride : T * kKStride);

@@ -67,6 +67,16 @@ PK_DEVICE Frag ldsm_cols(const uint16_t* tile, int ld, int lane) {
   return f;
 }
 
+// Element offset of the 16-byte chunk c (8 elements) of row r in a [rows][kPitch] 16-bit tile.
+// kSwz: the chunk lives at c ^ (r & 7) (kPitch * 2 a multiple of 128 bytes, 128-byte aligned
+// tile): a 128-byte line copied in by cp.async lands in one aligned 128-byte block of shared
+// memory, and 8 consecutive rows' chunk c sit in 8 distinct bank groups (ldmatrix stays
+// conflict-free). Without it, the caller pads rows (kPitch = row + 8 elements).
+template <int kPitch, bool kSwz>
+PK_DEVICE int tile_off(int r, int c) {
+  return r * kPitch + 8 * (kSwz ? c ^ (r & 7) : c);
+}
+
 // The .x4 forms on an address the caller computed for its lane (swizzled tiles).
 PK_DEVICE void ldsm_x4(const uint16_t* a, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
