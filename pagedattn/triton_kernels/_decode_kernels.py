@@ -1,0 +1,371 @@
+"""The Triton paged-decode kernels: the tile loop, the decode kernel (both launch shapes) and the
+split-KV combine. The launcher, its tile configs and the launch-shape rules: ``decode.py`` (its
+docstring holds the design: grid, partitions, merge order, batch invariance)."""
+import triton
+import triton.language as tl
+
+from pagedattn.triton_kernels._common import (alibi_bias, finalize_state, kv_offset,
+                                              online_softmax_step, soft_cap, visible)
+
+try:  # grid dependency control (programmatic dependent launch), NVIDIA sm_90+
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # older triton: PDL stays off (decode._pdl), the names are never traced
+    gdc_launch_dependents = gdc_wait = None
+
+
+@triton.jit
+def _tile_block_ids(bt_row_ptr, start, hi, offs_n, BS: tl.constexpr, ONE_BLOCK: tl.constexpr):
+    """int64 block ids of the KV tile starting at ``start``: a scalar when the tile lies inside
+    one block, else [BLOCK_N, 1]. Masked to keys < hi (seq_len, or the table's width for the
+    first tile): never reads past the table row. Ids read from the slack past seq_len may hold
+    anything; they only address K/V lanes that are masked off."""
+    if ONE_BLOCK:
+        blk = tl.load(bt_row_ptr + start // BS, mask=start < hi, other=0).to(tl.int64)
+    else:
+        j = start + offs_n
+        blk = tl.load(bt_row_ptr + j // BS, mask=j < hi, other=0).to(tl.int64)[:, None]
+    return blk
+
+
+@triton.jit
+def _merge(big_m, big_l, big_a, m_p, l_p, acc_p):
+    """Fold one partition's state (m_p, l_p, acc_p) into the running (big_m, big_l, big_a).
+
+    §1.4.3 as an online merge in partition order: with M' = max(M, m_p), a = exp2(M - M') and
+    b = exp2(m_p - M'): L' = L a + l_p b, A' = A a + acc_p b. The FMAs are explicit, so every
+    kernel that merges (the one-pass loop, the split combine) rounds the same way: outputs are
+    bitwise equal across launch shapes. A neutral state (m_p = -inf, l_p = 0, acc_p = 0) is an
+    exact identity (a = 1, b = 0), so partitions with no key may be skipped or merged alike.
+    m_p, l_p: [M]; acc_p [M, D] (unnormalised).
+    """
+    m_new = tl.maximum(big_m, m_p)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # never -inf - -inf
+    a = tl.exp2(big_m - m_safe)
+    b = tl.exp2(m_p - m_safe)
+    big_l = tl.fma(l_p, b, big_l * a)
+    big_a = tl.fma(acc_p, b[:, None], big_a * a[:, None])
+    return m_new, big_l, big_a
+
+
+@triton.jit
+def _park(ws_ml_ptr, ws_o_ptr, row, row_ok, m, l, acc, d, d_mask, D: tl.constexpr):
+    """Store one partition's state (m_p, l_p, acc_p) at workspace rows ``row`` for the combine."""
+    tl.store(ws_ml_ptr + 2 * row, m, mask=row_ok)
+    tl.store(ws_ml_ptr + 2 * row + 1, l, mask=row_ok)
+    tl.store(ws_o_ptr + row[:, None] * D + d[None, :], acc,
+             mask=row_ok[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
+            cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
+            stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
+            stride_kdh: tl.int64, stride_kdl: tl.int64,
+            stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
+            stride_vdh: tl.int64, stride_vdl: tl.int64,
+            K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr,
+            V_LO_ONE: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, STEP: tl.constexpr,
+            PART: tl.constexpr, ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
+            PARK: tl.constexpr, R: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+            HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+            IEEE: tl.constexpr):
+    """Online softmax of the group rows over keys [t_lo, t_hi), one tile of STEP keys at a time.
+
+    t_lo is a multiple of STEP, and STEP divides PART, so no tile straddles a partition. Split
+    launch: [t_lo, t_hi) is one partition; returns its state (m, l, acc). One-pass launch: the
+    whole sequence; at each partition's last tile its state is merged (:func:`_merge`) into the
+    running (M, L, A) and restarted, so the K/V stream never leaves the pipelined loop; returns
+    (M, L, A). PARK (split programs that own several partitions): when the sequence has more
+    than one partition, each partition's state is stored to the workspace at its last tile and
+    restarted, exactly what one program per partition stores. blk_n: the block ids of the first
+    tile (:func:`_tile_block_ids`, loaded by the caller). q [BLOCK_M, BLOCK_D]; pos [BLOCK_M]
+    absolute query positions; slope2 [BLOCK_M] ALiBi slopes (log2 domain). m, l: [BLOCK_M]
+    (log2 domain); acc [BLOCK_M, BLOCK_D] float32.
+    """
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    big_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    big_l = tl.zeros((BLOCK_M,), tl.float32)
+    big_a = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    # NOTE the block ids of tile t+1 are loaded in iteration t: when the K/V addresses of a tile
+    # depend on an id loaded in the same iteration, the pipeliner drains every copy at the top
+    # of the loop (async_wait num=0 in the sm_90 TTGIR) and each tile pays the full latency.
+    for start in range(t_lo, t_hi, STEP):
+        j = start + offs_n  # [BLOCK_N] key positions
+        j_ok = j < t_hi
+        if STEP < BLOCK_N:  # partitions shorter than a tile: the lanes past STEP are the next's
+            j_ok = j_ok & (offs_n < STEP)
+        tok = (j % BS).to(tl.int64)  # [BLOCK_N]
+        kv_mask = j_ok[:, None] & d_mask[None, :]  # [BLOCK_N, BLOCK_D]
+        k_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_kb, stride_kt,
+                          stride_kh, stride_kdh, stride_kdl, K_X, K_SPLIT, K_LO_ONE)
+        k = tl.load(k_ptr + k_off, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_M, BLOCK_N]
+        else:
+            s = tl.dot(q, tl.trans(k))
+        if HAS_CAP:
+            s = soft_cap(s * qk_scale, cap) * 1.4426950408889634
+        else:
+            s = s * qk_scale  # qk_scale already holds log2(e)
+        if HAS_ALIBI:
+            s += alibi_bias(slope2[:, None], j[None, :], pos[:, None])
+        ok = visible(j[None, :], pos[:, None], t_hi, window, CAUSAL, HAS_WINDOW)
+        if STEP < BLOCK_N:
+            ok = ok & j_ok[None, :]
+        s = tl.where(ok, s, float("-inf"))
+        m_i, l_i, alpha, p = online_softmax_step(m_i, l_i, s)
+        v_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_vb, stride_vt,
+                          stride_vh, stride_vdh, stride_vdl, BLOCK_D, False, V_LO_ONE)
+        v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+        blk_n = _tile_block_ids(bt_row_ptr, start + STEP, t_hi, offs_n, BS, ONE_BLOCK)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+        if ONE_PASS or PARK:
+            end = start + STEP
+            last = ((end % PART) == 0) | (end >= t_hi)  # the partition's last tile
+            if PARK:  # a single-partition sequence is finished by the caller
+                last = last & (n_parts > 1)
+            if last:
+                if ONE_PASS:
+                    big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_i, l_i, acc)
+                else:
+                    _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R + rows, row_ok,
+                          m_i, l_i, acc, d, d_mask, D)
+                m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+                l_i = tl.zeros((BLOCK_M,), tl.float32)
+                acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    if ONE_PASS:
+        return big_m, big_l, big_a
+    else:
+        return m_i, l_i, acc
+
+
+@triton.jit
+def _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, lse_ok, d_mask, v_scale, Hq,
+                LQ, stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
+                RETURN_LSE: tl.constexpr):
+    """out[s, qi, qh, :] = o * v_scale; lse[s, qi, qh] = natural log (contiguous [B, LQ, Hq])."""
+    o_off = s * stride_ob + qi[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :]
+    tl.store(out_ptr + o_off, (o * v_scale).to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & d_mask[None, :])
+    if RETURN_LSE:
+        l_off = (s * LQ + qi) * Hq + qh
+        tl.store(lse_ptr + l_off, lse2 * 0.6931471805599453, mask=lse_ok)
+
+
+@triton.jit
+def _decode_kernel(
+        q_ptr,  # [B, LQ, Hq, D] (strides; LQ dim stride 0 for 3-D q)
+        k_ptr, v_ptr,  # paged caches, any layout (addressed through kv_offset)
+        block_table_ptr,  # int32 [B, max_blocks]
+        seq_lens_ptr,  # int32 [B]
+        k_scale_ptr, v_scale_ptr,  # float32 [Hkv] (fp8 caches) or dummies
+        slopes_ptr, sinks_ptr,  # float32 [Hq] or dummies
+        out_ptr,  # [B, LQ, Hq, D]
+        lse_ptr,  # float32 [B, LQ, Hq]
+        ws_ml_ptr,  # float32 [B, Hkv, P, R, 2]: (m_p, l_p) per partition and row
+        ws_o_ptr,  # float32 [B, Hkv, P, R, D]: acc_p (unnormalised)
+        scale, cap, window, Hq, LQ, P, BT_W, PPP,
+        stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
+        stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
+        stride_bt: tl.int64,
+        stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64, stride_kdh: tl.int64,
+        stride_kdl: tl.int64,
+        stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64, stride_vdh: tl.int64,
+        stride_vdl: tl.int64,
+        G: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, PART: tl.constexpr,
+        K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, MULTI: tl.constexpr,
+        PDL: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
+        HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
+        RETURN_LSE: tl.constexpr, IEEE: tl.constexpr):
+    # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
+    # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
+    if PDL:  # the combine launch may start now; it waits for this grid before reading
+        gdc_launch_dependents()
+    h = tl.program_id(0)
+    s = tl.program_id(1).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
+    n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
+    rows = tl.arange(0, BLOCK_M)  # row r = (query token r // G, head h*G + r % G)
+    row_ok = rows < R
+    qi = rows // G
+    qh = h * G + rows % G
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    q_off = s * stride_qb + qi[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_mask[None, :], other=0.0)
+    pos = seq_len - LQ + qi  # [BLOCK_M] absolute position of each row's query
+    lo = 0
+    if HAS_WINDOW:  # first key any row can see; earlier tiles are skipped
+        lo = tl.maximum(seq_len - LQ + 1 - window, 0)
+    qk_scale = scale  # k_scale folds in here; log2(e) too unless the soft-cap needs natural logits
+    v_scale = 1.0
+    if HAS_KV_SCALE:  # per KV head = this program's head: scalars
+        qk_scale = qk_scale * tl.load(k_scale_ptr + h)
+        v_scale = tl.load(v_scale_ptr + h)
+    if not HAS_CAP:
+        qk_scale = qk_scale * 1.4426950408889634
+    slope2 = tl.zeros((BLOCK_M,), tl.float32)
+    if HAS_ALIBI:
+        slope2 = tl.load(slopes_ptr + qh, mask=row_ok, other=0.0) * 1.4426950408889634
+    sink2 = tl.zeros((BLOCK_M,), tl.float32)
+    if HAS_SINK:
+        sink2 = tl.load(sinks_ptr + qh, mask=row_ok, other=0.0) * 1.4426950408889634
+    bt_row_ptr = block_table_ptr + s * stride_bt
+    ws_row0 = ((s * tl.num_programs(0) + h) * P) * R  # int64: (s, h, partition 0, row 0)
+    STEP: tl.constexpr = BLOCK_N if BLOCK_N <= PART else PART  # keys per tile
+    first = lo // STEP * STEP  # the first tile holding a visible key
+    if ONE_PASS:
+        p = 0
+        t_lo = first
+        t_hi = seq_len
+    elif MULTI:
+        p = tl.program_id(2) * PPP  # this program's first partition
+        t_lo = tl.maximum(p * PART, first)
+        t_hi = tl.minimum((p + PPP) * PART, seq_len)
+        if HAS_WINDOW:  # partitions wholly before the window: neutral states
+            if n_parts > 1:
+                for pe in range(p, tl.minimum(first // PART, p + PPP)):
+                    _park(ws_ml_ptr, ws_o_ptr, ws_row0 + pe * R + rows, row_ok,
+                          tl.full((BLOCK_M,), float("-inf"), tl.float32),
+                          tl.zeros((BLOCK_M,), tl.float32),
+                          tl.zeros((BLOCK_M, BLOCK_D), tl.float32), d, d_mask, D)
+    else:
+        p = tl.program_id(2)
+        t_lo = tl.maximum(p * PART, first)
+        t_hi = tl.minimum(p * PART + PART, seq_len)
+    # the first tile's block ids, masked by the table's width only: this load does not wait for
+    # seq_len (K/V lanes past seq_len are masked off by _attend), one round trip less per program
+    blk0 = _tile_block_ids(bt_row_ptr, t_lo, BT_W * BS, tl.arange(0, BLOCK_N), BS, ONE_BLOCK)
+    if p < n_parts:  # split: programs past the sequence's last partition have nothing to do
+        m, l, acc = _attend(
+            q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
+            cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, stride_kb, stride_kt,
+            stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh, stride_vdh,
+            stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, STEP,
+            PART, ONE_BLOCK, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE)
+        if ONE_PASS or n_parts == 1:
+            if not ONE_PASS:  # the state one-pass would hold: one merge into the empty state
+                m, l, acc = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32),
+                                   tl.zeros((BLOCK_M,), tl.float32),
+                                   tl.zeros((BLOCK_M, BLOCK_D), tl.float32), m, l, acc)
+            o, lse2 = finalize_state(m, l, acc, sink2, HAS_SINK)
+            _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok, d_mask, v_scale,
+                        Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
+        elif not MULTI:  # park (m_p, l_p, acc_p) for the combine (MULTI parked in the loop)
+            _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, d, d_mask, D)
+
+
+@triton.jit
+def _max2(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _combine_kernel(seq_lens_ptr,  # int32 [B]
+                    v_scale_ptr, sinks_ptr,  # float32 [Hkv], [Hq] or dummies
+                    out_ptr, lse_ptr,  # [B, LQ, Hq, D], float32 [B, LQ, Hq]
+                    ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
+                    Hq, LQ, P, PART,
+                    stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
+                    G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
+                    BLOCK_D: tl.constexpr, UNROLL: tl.constexpr, DSPLIT: tl.constexpr,
+                    C_STAGES: tl.constexpr, PDL: tl.constexpr,
+                    HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
+                    RETURN_LSE: tl.constexpr):
+    """Merge the partition states of one output row in partition order (:func:`_merge`, the
+    one-pass loop's arithmetic) and write out/lse.
+
+    grid: (Hkv, B, R * DSPLIT): program (r, dc) merges columns [dc, dc + 1) * BLOCK_D / DSPLIT
+    of row r (the merge is elementwise in d; every program recomputes the row's scalars, the
+    same numbers); sequences with a single partition were finished by _decode_kernel.
+    UNROLL partitions per group: their states in one load (with one warp a thread holds all
+    UNROLL rows of its columns, so pulling a row out takes no shuffles), the group's running
+    maxima by a cumulative max and every exp2 of the merges at once; only L' = L a + l b and
+    A' = A a + acc b stay a chain (two FMA-deep per partition). Same values as :func:`_merge`
+    step by step: max is exact in any order, the exp2 arguments are the same numbers, the FMAs
+    are explicit. Cost on the H200: (1, 32768) 32/8, 64 partitions: 8.5 us with the scalars
+    spread over lanes (session 4), 3.2 us with them in-thread and (32, 1, 4, 1) (session 5, see
+    SPLIT_COMBINE). The group loop is not pipelined (C_STAGES 1; more stages measured slower).
+    PDL (NVIDIA sm_90+): launched as a programmatic dependent of the decode kernel, the
+    program starts while the decode grid drains and waits (griddepcontrol.wait) only before
+    its first workspace read; seq_lens is an input, safe to read before.
+    """
+    h = tl.program_id(0)
+    s = tl.program_id(1).to(tl.int64)
+    r = tl.program_id(2) // DSPLIT
+    dc = tl.program_id(2) % DSPLIT
+    seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
+    n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
+    if PDL:
+        gdc_wait()  # every write of the decode grid is visible past this point
+    if n_parts > 1:
+        BLOCK_DC: tl.constexpr = BLOCK_D // DSPLIT
+        d = dc * BLOCK_DC + tl.arange(0, BLOCK_DC)
+        d_mask = d < D
+        v_scale = 1.0
+        if HAS_KV_SCALE:
+            v_scale = tl.load(v_scale_ptr + h)
+        row0 = ((s * tl.num_programs(0) + h) * P) * R + r
+        # every per-partition scalar is broadcast over the group's [UNROLL, BLOCK_DC] tile: with
+        # one warp a thread then holds all UNROLL rows of its columns, so the running maxima (a
+        # scan along axis 0) and pulling row u out (a sum with zeros along axis 0) stay inside
+        # the thread; [UNROLL] vectors would be spread over lanes and cost warp shuffles per
+        # partition (session 5: 3 shuffle reductions per partition in the SASS)
+        big_m = tl.full((1, BLOCK_DC), float("-inf"), tl.float32)
+        big_l = tl.zeros((1, BLOCK_DC), tl.float32)
+        big_a = tl.zeros((1, BLOCK_DC), tl.float32)
+        u_idx = tl.arange(0, UNROLL)
+        for p0 in tl.range(0, n_parts, UNROLL, num_stages=C_STAGES):
+            # the scalars of _merge for the whole group at once: running maxima by a cumulative
+            # max (exact), then a_u = exp2(M_before - M_after), b_u = exp2(m_u - M_after)
+            pp = p0 + u_idx
+            ok = pp < n_parts
+            row = row0 + pp * R  # [UNROLL] int64
+            # scalar loads (declared contiguity 1): the tile then takes the plain layout of the
+            # broadcast scalars below, not a vectorised one that would need a conversion each
+            # partition
+            o_off = tl.multiple_of(row[:, None] * D + d[None, :], [1, 1])
+            acc_g = tl.load(ws_o_ptr + o_off, mask=ok[:, None] & d_mask[None, :], other=0.0,
+                            cache_modifier=".cg")  # [UNROLL, BLOCK_DC]: one round trip a group
+            m_g = tl.load(ws_ml_ptr + 2 * row, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            l_g = tl.load(ws_ml_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg")
+            m_sh = tl.load(ws_ml_ptr + 2 * (row - R), mask=(u_idx > 0) & (pp - 1 < n_parts),
+                           other=float("-inf"), cache_modifier=".cg")  # m_{u-1}
+            m_g = tl.broadcast_to(m_g[:, None], (UNROLL, BLOCK_DC))
+            l_g = tl.broadcast_to(l_g[:, None], (UNROLL, BLOCK_DC))
+            m_sh = tl.broadcast_to(m_sh[:, None], (UNROLL, BLOCK_DC))
+            m_after = tl.maximum(tl.associative_scan(m_g, 0, _max2), big_m)
+            m_before = tl.maximum(tl.associative_scan(m_sh, 0, _max2), big_m)
+            m_safe = tl.where(m_after == float("-inf"), 0.0, m_after)
+            a_g = tl.exp2(m_before - m_safe)
+            b_g = tl.exp2(m_g - m_safe)
+            for u in tl.static_range(UNROLL):  # the L / A chain, in partition order
+                sel = (u_idx == u)[:, None]  # pulling one row out by a sum with zeros is exact
+                a_u = tl.sum(tl.where(sel, a_g, 0.0), axis=0, keep_dims=True)  # [1, BLOCK_DC]
+                b_u = tl.sum(tl.where(sel, b_g, 0.0), axis=0, keep_dims=True)
+                l_u = tl.sum(tl.where(sel, l_g, 0.0), axis=0, keep_dims=True)
+                acc_u = tl.sum(tl.where(sel, acc_g, 0.0), axis=0, keep_dims=True)
+                big_l = tl.fma(l_u, b_u, big_l * a_u)
+                big_a = tl.fma(acc_u, b_u, big_a * a_u)
+            big_m = tl.maximum(big_m, tl.max(m_g, axis=0, keep_dims=True))
+        # every column holds the same scalars: one per row (an exact max)
+        big_m = tl.max(big_m, axis=1)
+        big_l = tl.max(big_l, axis=1)
+        one = tl.arange(0, 1)
+        qi = one * 0 + r // G
+        qh = one * 0 + h * G + r % G
+        sink2 = tl.zeros((1,), tl.float32)
+        if HAS_SINK:
+            sink2 = tl.load(sinks_ptr + qh) * 1.4426950408889634
+        o, lse2 = finalize_state(big_m, big_l, big_a, sink2, HAS_SINK)
+        _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, one == 0, (one + dc) == 0,
+                    d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
