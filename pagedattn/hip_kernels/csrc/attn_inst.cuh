@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "attn_kernel.cuh"
+#include "combine.cuh"
 #include "decode_cs.cuh"
 
 namespace pk {
