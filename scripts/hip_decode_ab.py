@@ -5,7 +5,8 @@ e.g. ``auto= split1=PAGEDATTN_HIP_DECODE_MODE=split,PAGEDATTN_HIP_DECODE_PPP=1``
 times the Triton backend as the yardstick. Prints one row per shape: microseconds per variant
 and each variant's speed relative to the first. Outputs are not compared here (the GPU tests do).
 
-Usage: python scripts/hip_decode_ab.py [--quick] [--label L] VARIANT [VARIANT ...]
+Usage: python scripts/hip_decode_ab.py [--quick] [--heads 64/1,48/2] [--csv PATH] [--label L]
+VARIANT [VARIANT ...]
 """
 import argparse
 import os
@@ -30,6 +31,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="32/8, block 16 only")
     ap.add_argument("--label", default="", help="printed in the header (e.g. a commit)")
+    ap.add_argument("--heads", default=None,
+                    help="Hq/Hkv pairs, comma-separated (default: the issue's 32/8 and 32/32)")
+    ap.add_argument("--csv", default=None, help="also write the table here")
     ap.add_argument("variants", nargs="+")
     args = ap.parse_args(argv)
     import torch
@@ -37,6 +41,9 @@ def main(argv=None):
     variants = _variants(args.variants)
     gen = torch.Generator(device="cuda").manual_seed(0)
     heads, blocks = (HEADS[:1], BLOCKS[:1]) if args.quick else (HEADS, BLOCKS)
+    if args.heads:
+        heads = [tuple(int(x) for x in pair.split("/")) for pair in args.heads.split(",")]
+    rows = []
     names = [n for n, _ in variants]
     print(f"# HIP decode A/B {args.label}: us per call from CUDA graphs; x = first / this")
     print("| Hq/Hkv | block | (batch, ctx) | " + " | ".join(names) + " | "
@@ -64,11 +71,16 @@ def main(argv=None):
                             else:
                                 os.environ[key] = val
                 ratios = [times[0] / t for t in times[1:]]
+                rows.append(dict(Hq=hq, Hkv=hkv, block=bs, batch=batch, ctx=ctx,
+                                 **{f"{n}_graph_us": round(t, 1) for n, t in zip(names, times)}))
                 print(f"| {hq}/{hkv} | {bs} | ({batch}, {ctx}) | "
                       + " | ".join(f"{t:.1f}" for t in times) + " | "
                       + " | ".join(f"{r:.3f}" for r in ratios) + " |", flush=True)
                 del q, k, v, table, lens, out
                 torch.cuda.empty_cache()
+    if args.csv:
+        import pandas as pd
+        pd.DataFrame(rows).to_csv(args.csv, index=False)
 
 
 if __name__ == "__main__":
