@@ -520,11 +520,9 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
       consume(
           kbeg + ci * T,
           [&](int tb, int kk) {
-            if constexpr (Cfg::kSwz) {  // ldsm_rows' lane map on the swizzled tile
-              Frag f;
-              ldsm_x4(ks + Cfg::kv_off(tb + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * kk + (lane >> 4)),
-                      f.r);
-              return f;
+            if constexpr (Cfg::kSwz) {
+              return ldsm_rows(ks, [&](int r, int c) { return Cfg::kv_off(tb + r, 2 * kk + c); },
+                               lane);
             } else {
               return ldsm_rows(ks + tb * KS + 16 * kk, KS, lane);
             }
@@ -532,12 +530,9 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
           [&](int tb, int n) {
             if constexpr (Cfg::kVTrans) {
               return ldsm_rows(vs + 16 * n * VTS + tb, VTS, lane);
-            } else if constexpr (Cfg::kSwz) {  // ldsm_cols' lane map on the swizzled tile
-              Frag f;
-              ldsm_x4_trans(
-                  vs + Cfg::kv_off(tb + 8 * (lane >> 4) + (lane & 7), 2 * n + ((lane >> 3) & 1)),
-                  f.r);
-              return f;
+            } else if constexpr (Cfg::kSwz) {
+              return ldsm_cols(vs, [&](int r, int c) { return Cfg::kv_off(tb + r, 2 * n + c); },
+                               lane);
             } else {
               return ldsm_cols(vs + tb * KS + 16 * n, KS, lane);
             }

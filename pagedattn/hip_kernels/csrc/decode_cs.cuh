@@ -285,7 +285,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
     for (int kc = 0; kc < D / 32; ++kc) {
       uint32_t b[4];
-      ldsm_x4(ks + Cfg::kv_off(8 * warp + (lane & 7), 4 * kc + (lane >> 3)), b);  // ldsm_n8_k32
+      ldsm_n8_k32(ks, [&](int r, int c) { return Cfg::kv_off(8 * warp + r, 4 * kc + c); }, lane,
+                  b);
       mma_n8<QT>(s, qf[2 * kc], b[0], b[1]);
       mma_n8<QT>(s, qf[2 * kc + 1], b[2], b[3]);
     }
@@ -336,8 +337,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int tt = 0; tt < T / 16; ++tt) {
         Frag vf;
         if constexpr (Cfg::kVTrans) vf = ldsm_rows(vs + 16 * n * VTS + 16 * tt, VTS, lane);
-        else  // ldsm_cols
-          ldsm_x4_trans(vs + Cfg::kv_off(16 * tt + 8 * (lane >> 4) + (lane & 7), 2 * n + ((lane >> 3) & 1)), vf.r);
+        else
+          vf = ldsm_cols(vs, [&](int r, int c) { return Cfg::kv_off(16 * tt + r, 2 * n + c); },
+                         lane);
         mma_nt<QT>(o[j], pf[tt], vf);
       }
     }

@@ -46,25 +46,42 @@ PK_DEVICE void cp_async_wait() {
 // Register r of an sm80 operand fragment holds (row l/4 + 8(r&1), k 2(l%4) + 8(r>>1) + {0,1}), so
 // matrix r is rows 8(r&1)..+7 x k 8(r>>1)..+7 of the 16x16 operand.
 
-// Operand (16 rows, 16 k) of a tile stored [row][k] (k contiguous), `ld` elements per row.
-PK_DEVICE Frag ldsm_rows(const uint16_t* tile, int ld, int lane) {
-  const uint16_t* a = tile + ((lane & 7) + 8 * ((lane >> 3) & 1)) * ld + 8 * (lane >> 4);
-  Frag f;
+PK_DEVICE void ldsm_x4(const uint16_t* a, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_u32(a)));
+}
+PK_DEVICE void ldsm_x4_trans(const uint16_t* a, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(a)));
+}
+
+// The reads below take the tile's layout as off(r, c): the element offset of 16-byte chunk c (8
+// elements) of row r from `tile` (padded rows: r * ld + 8 c; swizzled: tile_off). The int `ld`
+// overloads are the padded form.
+
+// Operand (16 rows, 16 k) of a tile stored [row][k] (k contiguous).
+template <class Off>
+PK_DEVICE Frag ldsm_rows(const uint16_t* tile, Off off, int lane) {
+  Frag f;
+  ldsm_x4(tile + off((lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4), f.r);
   return f;
+}
+PK_DEVICE Frag ldsm_rows(const uint16_t* tile, int ld, int lane) {
+  return ldsm_rows(tile, [ld](int r, int c) { return r * ld + 8 * c; }, lane);
 }
 
 // Operand (16 rows, 16 k) of a tile stored [k][row] (rows contiguous): the transposing read.
 // Matrix j is k 8(j>>1)..+7 (memory rows) x rows 8(j&1)..+7 (memory columns).
-PK_DEVICE Frag ldsm_cols(const uint16_t* tile, int ld, int lane) {
-  const uint16_t* a = tile + (8 * (lane >> 4) + (lane & 7)) * ld + 8 * ((lane >> 3) & 1);
+template <class Off>
+PK_DEVICE Frag ldsm_cols(const uint16_t* tile, Off off, int lane) {
   Frag f;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
-               : "r"(smem_u32(a)));
+  ldsm_x4_trans(tile + off(8 * (lane >> 4) + (lane & 7), (lane >> 3) & 1), f.r);
   return f;
+}
+PK_DEVICE Frag ldsm_cols(const uint16_t* tile, int ld, int lane) {
+  return ldsm_cols(tile, [ld](int r, int c) { return r * ld + 8 * c; }, lane);
 }
 
 // Element offset of the 16-byte chunk c (8 elements) of row r in a [rows][kPitch] 16-bit tile.
@@ -77,27 +94,13 @@ PK_DEVICE int tile_off(int r, int c) {
   return r * kPitch + 8 * (kSwz ? c ^ (r & 7) : c);
 }
 
-// The .x4 forms on an address the caller computed for its lane (swizzled tiles).
-PK_DEVICE void ldsm_x4(const uint16_t* a, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(a)));
-}
-PK_DEVICE void ldsm_x4_trans(const uint16_t* a, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(a)));
-}
-
 // B operands of two k-steps of an m16n8k16 from 8 rows (n) of a tile stored [n][k] (k
-// contiguous), k = 32 from column k0: matrix j = rows 0..7 x k 8j..8j+7, so lane l gets
+// contiguous), k = 32 from chunk 0 of off: matrix j = rows 0..7 x k 8j..8j+7, so lane l gets
 // (row l/4, k 2(l%4) + 8j + {0,1}) in register j: b[0], b[1] are k-step 0's two registers,
 // b[2], b[3] k-step 1's.
-PK_DEVICE void ldsm_n8_k32(const uint16_t* tile, int ld, int lane, uint32_t (&b)[4]) {
-  const uint16_t* a = tile + (lane & 7) * ld + 8 * (lane >> 3);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-               : "r"(smem_u32(a)));
+template <class Off>
+PK_DEVICE void ldsm_n8_k32(const uint16_t* tile, Off off, int lane, uint32_t (&b)[4]) {
+  ldsm_x4(tile + off(lane & 7, lane >> 3), b);
 }
 
 // c[16 x 8] += X[16 x 16] * B[16 x 8] (one m16n8k16): c holds (row l/4 + 8(i>>1), column
