@@ -284,6 +284,21 @@ def _env_partition_size() -> Optional[int]:
     return int(v)
 
 
+def count_or_auto(raw, what: str) -> int:
+    """A launch knob that is ``"auto"`` (0) or a positive integer (partitions per program / block:
+    PAGEDATTN_DECODE_PPP, PAGEDATTN_HIP_DECODE_PPP); anything else raises ValueError naming
+    `what`."""
+    if raw == "auto":
+        return 0
+    try:
+        n = int(raw)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1:
+        raise ValueError(f"{what}: expected a positive integer or auto, got {raw!r}")
+    return n
+
+
 def call_facts(op: str, *, q=None, k_cache=None, layout=None, geom=None, opts=None,
                causal=True, k_new=None, custom_mask=None, return_lse=False, block_table=None,
                partition_size=None, **_ignored) -> dict:

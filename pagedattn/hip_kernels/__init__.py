@@ -16,6 +16,7 @@ from typing import List, Optional
 import torch
 
 from pagedattn import layouts as L
+from pagedattn.dispatch import core as _dispatch
 
 LAYOUT_CODES = {"bhsd": 0, "bshd": 1, "hcu": 3}
 DECODE_LAYOUTS = ("bhsd", "bshd", "hcu")
@@ -134,16 +135,10 @@ def launch_shape(mode=None, parts_per_block=None):
     mode = mode or os.environ.get("PAGEDATTN_HIP_DECODE_MODE") or "auto"
     if mode not in _MODES:
         raise ValueError(f"HIP decode mode: expected one of {sorted(_MODES)}, got {mode!r}")
-    ppp = parts_per_block or os.environ.get("PAGEDATTN_HIP_DECODE_PPP") or "auto"
-    if ppp != "auto":
-        try:
-            ppp = int(ppp)
-        except ValueError:
-            ppp = 0
-        if ppp < 1:
-            raise ValueError(f"HIP decode partitions per block: expected auto or a positive "
-                             f"integer, got {parts_per_block or os.environ.get('PAGEDATTN_HIP_DECODE_PPP')!r}")
-    return _MODES[mode], 0 if ppp == "auto" else ppp
+    ppp = _dispatch.count_or_auto(
+        parts_per_block or os.environ.get("PAGEDATTN_HIP_DECODE_PPP") or "auto",
+        "HIP decode partitions per block (parts_per_block / PAGEDATTN_HIP_DECODE_PPP)")
+    return _MODES[mode], ppp
 
 
 def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd", scale=None,

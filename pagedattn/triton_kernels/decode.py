@@ -143,14 +143,9 @@ def _parts_per_program(programs, n_part_max, block_m, block_n, block_d, warps, s
     (bench/results/2026-11-30-h200-s4/ppp_sweep.log): (8, 8192) 32/8 84.9 -> 72.9 us, (1, 32768)
     and (1, 4096) unchanged (one wave already).
     """
-    raw = os.environ.get("PAGEDATTN_DECODE_PPP", "auto")
-    if raw != "auto":
-        try:
-            ppp = int(raw)
-        except ValueError:
-            ppp = 0
-        if ppp < 1:
-            raise ValueError(f"PAGEDATTN_DECODE_PPP={raw!r}: expected a positive integer or auto")
+    ppp = _dispatch.count_or_auto(os.environ.get("PAGEDATTN_DECODE_PPP", "auto"),
+                                  "PAGEDATTN_DECODE_PPP")
+    if ppp:
         return min(ppp, n_part_max)
     if device.type != "cuda":
         return 1
