@@ -64,6 +64,17 @@ def _check_decode(b, q, out, lse, lens, kv):
             assert_lse_close(lse[i:i + 1], rl, key)
 
 
+def _decode_poisoned(b, q, layout, part, rows=slice(None), **kw):
+    """hip_kernels.decode_raw on rows of the batch into NaN-poisoned out and lse."""
+    from pagedattn import hip_kernels as H
+    out = torch.full_like(q[rows], float("nan"))
+    lse = torch.full(out.shape[:-1], float("nan"), device="cuda")
+    H.decode_raw(q[rows], b.k_cache, b.v_cache, b.block_table[rows], b.seq_lens[rows], out,
+                 layout=layout, k_scale=b.k_scale, v_scale=b.v_scale, partition_size=part,
+                 lse=lse, **kw)
+    return out, lse
+
+
 def _batch(lens, hkv, d, bs, layout, kv, seed=0, **kw):
     gen = torch.Generator().manual_seed(seed)
     return make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
@@ -105,23 +116,14 @@ INVARIANCE_CASES = [("bhsd", (32, 8), 512), ("hcu", (16, 16), 128), ("bshd", (64
 def test_decode_batch_invariance(layout, heads, part):
     """Each sequence alone gives the bits it gets in the batch (split points depend on the
     sequence only), over empty, exact-multiple and ragged lengths; the batch matches the oracle."""
-    from pagedattn import hip_kernels as H
     hq, hkv = heads
     lens = [1, 0, 1500, 512, 64, 2049, 3]
     b, gen = _batch(lens, hkv, 128, 16, layout, torch.bfloat16, seed=4)
     q = torch.randn(len(lens), hq, 128, generator=gen).to("cuda", torch.bfloat16)
-
-    def run(rows):
-        out = torch.full_like(q[rows], float("nan"))
-        lse = torch.full(out.shape[:-1], float("nan"), device="cuda")
-        H.decode_raw(q[rows], b.k_cache, b.v_cache, b.block_table[rows], b.seq_lens[rows], out,
-                     layout=layout, partition_size=part, lse=lse)
-        return out, lse
-
-    out, lse = run(slice(None))
+    out, lse = _decode_poisoned(b, q, layout, part)
     _check_decode(b, q, out, lse, lens, torch.bfloat16)
     for i in range(len(lens)):
-        o, l = run(slice(i, i + 1))
+        o, l = _decode_poisoned(b, q, layout, part, rows=slice(i, i + 1))
         assert torch.equal(o, out[i:i + 1]) and torch.equal(l, lse[i:i + 1]), \
             f"sequence {i} alone differs from the batch"
 
@@ -144,24 +146,14 @@ def test_decode_launch_shapes_same_bits(layout, heads, d, dtype, part, kv):
     partitions per block (parked states, the combine folds them) and the automatic choice give
     the same bits: the fold order and arithmetic never depend on the launch shape, which is what
     lets the launcher choose it by batch size."""
-    from pagedattn import hip_kernels as H
     hq, hkv = heads
     lens = [1, 0, 1500, 512, 64, 2049, 3, part, part + 1]
     b, gen = _batch(lens, hkv, d, 16, layout, kv or dtype, seed=5)
     q = torch.randn(len(lens), hq, d, generator=gen).to("cuda", dtype)
-
-    def run(mode, ppp):
-        out = torch.full_like(q, float("nan"))
-        lse = torch.full(q.shape[:-1], float("nan"), device="cuda")
-        H.decode_raw(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, out, layout=layout,
-                     k_scale=b.k_scale, v_scale=b.v_scale, partition_size=part, lse=lse,
-                     mode=mode, parts_per_block=ppp)
-        return out, lse
-
-    out, lse = run("split", 1)
+    out, lse = _decode_poisoned(b, q, layout, part, mode="split", parts_per_block=1)
     _check_decode(b, q, out, lse, lens, kv or dtype)
     for mode, ppp in LAUNCH_SHAPES:
-        o, l = run(mode, ppp)
+        o, l = _decode_poisoned(b, q, layout, part, mode=mode, parts_per_block=ppp)
         assert torch.equal(o, out) and torch.equal(l, lse), f"{mode} x{ppp} differs from split x1"
 
 
