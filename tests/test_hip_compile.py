@@ -102,13 +102,13 @@ def test_nvcc(arch, tmp_path):
 @pytest.mark.parametrize("switch", ["-DPK_DECODE_PIPELINE=0", "-DPK_DECODE_COLSPLIT=0",
                                     "-DPK_DECODE_COLSPLIT=0 -DPK_DECODE_SMALL_TILE=1",
                                     "-DPK_CS_SWIZZLE=0", "-DPK_CS_STAGES=3",
-                                    "-DPK_DECODE_SWIZZLE=1"])
+                                    "-DPK_DECODE_SWIZZLE=0"])
 def test_nvcc_build_switch_variants(switch, tmp_path):
     """The register-path fallback (PAGEDATTN_HIP_DECODE_PIPELINE=0), attn_kernel's pipeline for
     every group (PAGEDATTN_HIP_DECODE_COLSPLIT=0), its 2-wave 32-token form
     (PAGEDATTN_HIP_DECODE_SMALL_TILE=1, no spills) and the column split's padded K/V rows
     (PAGEDATTN_HIP_DECODE_SWIZZLE=0), its 3-stage depth (PAGEDATTN_HIP_DECODE_CS_STAGES=3) and
-    attn_kernel's pipeline on swizzled rows (PAGEDATTN_HIP_DECODE_PIPE_SWIZZLE=1) still build for
+    attn_kernel's pipeline on padded rows (PAGEDATTN_HIP_DECODE_PIPE_SWIZZLE=0) still build for
     sm_90a."""
     r = _nvcc("sm_90a", tmp_path, *switch.split())
     decode = {n: v for n, v in _ptxas_entries(r.stderr).items() if DECODE16.search(n)}

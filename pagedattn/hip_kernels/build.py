@@ -24,10 +24,11 @@ Build switches (environment, read at build time; each combination is its own cac
   8-10 % faster on every 32/8 block-16 row.
 * ``PAGEDATTN_HIP_CP_ASYNC_L2=0|64|128|256``: L2 prefetch-size hint of the copies (default 0;
   256 measured no better on the H200).
-* ``PAGEDATTN_HIP_DECODE_PIPE_SWIZZLE=1``: attn_kernel's pipeline (groups > 16, ``COLSPLIT=0``)
-  uses the column split's swizzled unpadded K/V rows (``-DPK_DECODE_SWIZZLE=1``). Compile-checked
-  only (session 7; D 64 with 2 row tiles then keeps 8-16 bytes of stack at 128 registers): the
-  A/B for the next GPU session. Off, the default build's SASS is unchanged.
+* ``PAGEDATTN_HIP_DECODE_PIPE_SWIZZLE=0``: attn_kernel's pipeline (groups > 16, ``COLSPLIT=0``)
+  keeps padded K/V rows instead of the column split's swizzled unpadded rows
+  (``-DPK_DECODE_SWIZZLE=0``). The swizzle is the default at D 128 since session 8: 1-4 % faster
+  on every 64/1 and 48/2 decode row of the H200 A/B, the 74 HIP decode tests passing under it
+  (D 64 keeps padded rows: swizzled, its 2-row-tile form spilled).
 * ``PAGEDATTN_HIP_DECODE_COLSPLIT=0``: groups of <= 16 heads run attn_kernel's pipeline instead
   of the column-split kernel (decode_cs.cuh, the default since session 6: 4 warps share 32-token
   tiles, 16 warps per SM; H200: 1-17 % faster on 32/8, level to +4 % on 32/32).

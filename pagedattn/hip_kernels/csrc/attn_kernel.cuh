@@ -42,11 +42,13 @@
 #ifndef PK_DECODE_SMALL_TILE
 #define PK_DECODE_SMALL_TILE 0
 #endif
-// 1: the pipeline's K (and non-hcu V) tiles use swizzled unpadded rows (pk_pipe.h tile_off), as
-// the column-split decode does; 0 (default until measured): padded rows. Session 7 found the
-// padded rows cost the column split 8-10 % through split L2 requests.
+// 1 (default): the pipeline's K (and non-hcu V) tiles use swizzled unpadded rows (pk_pipe.h
+// tile_off), as the column-split decode does; 0: padded rows (pitch D + 8), whose 128-byte
+// copies straddle two shared-memory blocks and split their L2 requests. H200 session 8
+// (bench/results/2026-12-01-h200-s8/ab_psw_*.md): 1-4 % faster on every 64/1 and 48/2 row at
+// D 128.
 #ifndef PK_DECODE_SWIZZLE
-#define PK_DECODE_SWIZZLE 0
+#define PK_DECODE_SWIZZLE 1
 #endif
 #if defined(PK_CUDA) && PK_DECODE_PIPELINE
 #define PK_PIPE_ENABLED 1
@@ -80,7 +82,8 @@ struct AttnCfg {
   static constexpr int kDTiles = D / 16;
   static constexpr int kEpv = 16 / KVT::kBytes;           // cache elements per 16-byte load
   static constexpr int kUnits = T * D / kEpv / kThreads;  // 16-byte loads per thread (K, and V)
-  static constexpr bool kSwz = kPipe && PK_DECODE_SWIZZLE;  // PK_DECODE_SWIZZLE above
+  // PK_DECODE_SWIZZLE above; D 64 keeps padded rows (swizzled, its 2-row-tile form spilled)
+  static constexpr bool kSwz = kPipe && PK_DECODE_SWIZZLE && D >= 128;
   static constexpr int kKStride = kSwz ? D : D + 8;       // LDS row pitch (16-bit elements)
   static constexpr int kVStride = T + 8;
   static constexpr int kMaxSub = T / 16;                  // page >= 16: <= 4 pages per tile

@@ -12,13 +12,18 @@ namespace pk {
 // count depends on it alone, and the one-pass decode folds with the same merge_state in the same
 // order: outputs are bitwise equal whatever the launch shape. An empty sequence has one neutral
 // partition: out 0, lse -inf.
-// Latency: kGroup partitions' states are loaded at once (one round trip per group; H200 session
-// 6: (1, 32768) had 64 dependent loads in flight 8 at a time). On sm_90 the kernel is launched
-// as a programmatic dependent of the decode grid and waits for it only before its first
-// workspace read.
+// Latency: one round trip per kGroup = 64 partitions ((1, 32768) at partition 512).
+// Thread u < kGroup fetches partition u's (m, l) into shared memory, every thread its column of
+// each accumulator; the loads of a group are independent, so they are all in flight at once.
+// H200 session 8 (ncu, (1, 32768) 32/8, 64 partitions): 5.2 us with 32 per round trip and every
+// thread loading every (m, l) (96 loads a group). On sm_90 the kernel is launched as a
+// programmatic dependent of the decode grid and waits for it only before its first workspace
+// read.
 template <class QT, int D>
 __global__ void __launch_bounds__(D) combine_kernel(const AttnParams p) {
-  constexpr int kGroup = 32;
+  static_assert(D >= 64, "one (m, l) fetch per thread needs D >= kGroup threads");
+  constexpr int kGroup = 64;  // partitions per round trip; one (m, l) fetch per thread
+  __shared__ float sm_m[kGroup], sm_l[kGroup];
   const int head = blockIdx.x, seq = blockIdx.y, tid = threadIdx.x;
   const int ctx = p.seq_lens[seq];
   const int parts = max(1, (ctx + p.partition_size - 1) / p.partition_size);
@@ -26,18 +31,21 @@ __global__ void __launch_bounds__(D) combine_kernel(const AttnParams p) {
   grid_dependency_wait();
   float M = kNegInf, L = 0.f, A = 0.f;
   for (int g = 0; g < parts; g += kGroup) {
-    float mv[kGroup], lv[kGroup], av[kGroup];
-#pragma unroll
-    for (int u = 0; u < kGroup; ++u) {
-      const bool ok = g + u < parts;
-      mv[u] = ok ? p.max_logits[base + g + u] : kNegInf;
-      lv[u] = ok ? p.exp_sums[base + g + u] : 0.f;
-      av[u] = ok ? p.tmp_out[(base + g + u) * D + tid] : 0.f;
+    const int n = min(kGroup, parts - g);
+    if (g > 0) __syncthreads();  // the previous group's (m, l) are read
+    if (tid < n) {
+      sm_m[tid] = p.max_logits[base + g + tid];
+      sm_l[tid] = p.exp_sums[base + g + tid];
     }
+    float av[kGroup];  // (kGroup) this thread's column of each accumulator
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u)
+      av[u] = u < n ? p.tmp_out[(base + g + u) * D + tid] : 0.f;
+    __syncthreads();
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
-      if (g + u >= parts) break;
-      A = merge_acc(A, av[u], merge_state(M, L, mv[u], lv[u]));
+      if (u >= n) break;
+      A = merge_acc(A, av[u], merge_state(M, L, sm_m[u], sm_l[u]));
     }
   }
   const float inv = L > 0.f ? 1.f / L : 0.f;
