@@ -8,23 +8,37 @@
 namespace pk {
 
 // Split-KV combine (HIP.md §4.5): fold the partition states in partition order with
-// merge_state, out = A / L. grid (Hq, S), D threads (thread = column). A sequence's partition
+// merge_state, out = A / L. A sequence's partition
 // count depends on it alone, and the one-pass decode folds with the same merge_state in the same
 // order: outputs are bitwise equal whatever the launch shape. An empty sequence has one neutral
 // partition: out 0, lse -inf.
 // Latency: one round trip per kGroup = 64 partitions ((1, 32768) at partition 512).
-// Thread u < kGroup fetches partition u's (m, l) into shared memory, every thread its column of
+// The block fetches each partition's (m, l) once into shared memory, every thread its column of
 // each accumulator; the loads of a group are independent, so they are all in flight at once.
 // H200 session 8 (ncu, (1, 32768) 32/8, 64 partitions): 5.2 us with 32 per round trip and every
 // thread loading every (m, l) (96 loads a group). On sm_90 the kernel is launched as a
 // programmatic dependent of the decode grid and waits for it only before its first workspace
 // read.
+// Columns per combine block (build switch PK_COMBINE_COLS; 0 = D, one block per head): 32 makes
+// a one-warp block per 32 columns, D / 32 times the blocks of the default (an A/B of session 8).
+#ifndef PK_COMBINE_COLS
+#define PK_COMBINE_COLS 0
+#endif
+template <int D>
+constexpr int combine_cols() {
+  return PK_COMBINE_COLS > 0 && PK_COMBINE_COLS < D ? PK_COMBINE_COLS : D;
+}
+
+// grid (Hq * D / kCols, S), kCols threads; thread = column.
 template <class QT, int D>
-__global__ void __launch_bounds__(D) combine_kernel(const AttnParams p) {
-  static_assert(D >= 64, "one (m, l) fetch per thread needs D >= kGroup threads");
-  constexpr int kGroup = 64;  // partitions per round trip; one (m, l) fetch per thread
+__global__ void __launch_bounds__(combine_cols<D>()) combine_kernel(const AttnParams p) {
+  constexpr int kCols = combine_cols<D>();
+  constexpr int kGroup = 64;  // partitions per round trip
+  static_assert(D % kCols == 0 && (kGroup % kCols == 0 || kCols % kGroup == 0),
+                "whole column blocks, whole (m, l) fetch rounds");
   __shared__ float sm_m[kGroup], sm_l[kGroup];
-  const int head = blockIdx.x, seq = blockIdx.y, tid = threadIdx.x;
+  const int head = blockIdx.x / (D / kCols), seq = blockIdx.y, tid = threadIdx.x;
+  const int col = blockIdx.x % (D / kCols) * kCols + tid;
   const int ctx = p.seq_lens[seq];
   const int parts = max(1, (ctx + p.partition_size - 1) / p.partition_size);
   const int64_t base = (int64_t(seq) * p.num_q_heads + head) * p.max_partitions;
@@ -33,14 +47,17 @@ __global__ void __launch_bounds__(D) combine_kernel(const AttnParams p) {
   for (int g = 0; g < parts; g += kGroup) {
     const int n = min(kGroup, parts - g);
     if (g > 0) __syncthreads();  // the previous group's (m, l) are read
-    if (tid < n) {
-      sm_m[tid] = p.max_logits[base + g + tid];
-      sm_l[tid] = p.exp_sums[base + g + tid];
+#pragma unroll
+    for (int u = tid; u < kGroup; u += kCols) {
+      if (u < n) {
+        sm_m[u] = p.max_logits[base + g + u];
+        sm_l[u] = p.exp_sums[base + g + u];
+      }
     }
     float av[kGroup];  // (kGroup) this thread's column of each accumulator
 #pragma unroll
     for (int u = 0; u < kGroup; ++u)
-      av[u] = u < n ? p.tmp_out[(base + g + u) * D + tid] : 0.f;
+      av[u] = u < n ? p.tmp_out[(base + g + u) * D + col] : 0.f;
     __syncthreads();
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
@@ -50,8 +67,8 @@ __global__ void __launch_bounds__(D) combine_kernel(const AttnParams p) {
   }
   const float inv = L > 0.f ? 1.f / L : 0.f;
   uint16_t* ob = static_cast<uint16_t*>(p.out) + int64_t(seq) * p.o_stride_tok + head * p.o_stride_head;
-  ob[tid] = from_float(QT{}, A * inv);
-  if (p.lse && tid == 0)
+  ob[col] = from_float(QT{}, A * inv);
+  if (p.lse && col == 0)
     p.lse[int64_t(seq) * p.num_q_heads + head] = lse_of(M, L);
 }
 
