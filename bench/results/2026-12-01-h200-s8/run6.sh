@@ -14,6 +14,6 @@ for v in "hip:hip:" "triton:triton:" "triton_u32:triton:PAGEDATTN_DECODE_COMBINE
     env $e timeout 40 ncu --clock-control none --cache-control none --kernel-name regex:"decode|combine" \
       --launch-skip 4 --launch-count 8 --metrics gpu__time_duration.sum \
       python3 scripts/hip_prof_case.py 1 32768 32 $h $b > $O/ncu_dur_${n}_$h.txt 2>&1 || echo "ncu $n $h rc $?"
-    echo "== $n 32/$h"; grep -E "^  [a-z_A-Z].*\(|gpu__time_duration" $O/ncu_dur_${n}_$h.txt | sed 's/(AttnParams).*//;s/, Context.*//' | paste - - | awk '{print $1, $(NF)}' | sort | uniq -c
+    echo "== $n 32/$h"; grep -E "^  [a-z_A-Z].*\(|gpu__time_duration" $O/ncu_dur_${n}_$h.txt | sed 's/(AttnParams).*//;s/, Context.*//' | paste - - | sed -E 's/ +/ /g;s/ gpu__time_duration.sum us//'
   done
 done
