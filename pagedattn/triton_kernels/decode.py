@@ -70,13 +70,12 @@ MAX_ROWS = 256  # G * Lq rows per program
 # (combine kernel 8.5 -> 3.2 us); (8, 8192) and (1, 4096) within 1 %. _combine_config caps
 # UNROLL at the batch's largest partition count: with 32 always, B32 L2048 (4 partitions) lost
 # 5-8 % (ab_decode_cuda_graph.md). Pipelining the group loop measured slower (session 4); launching
-# the combine as a programmatic dependent (_pdl) saved 0.4-0.7 us. Session 8 (2026-12-01-h200-s8/
-# ab_c64.md against ab_new.md): UNROLL 64, one round trip for (1, 32768)'s 64 partitions, 39.3 ->
-# 38.2 us at 32/8 p16 and 39.5 -> 37.9 at p64 (228 registers, no spill; other rows within the
-# two processes' 1-2 % drift).
+# the combine as a programmatic dependent (_pdl) saved 0.4-0.7 us. UNROLL 64 (one round trip for
+# 64 partitions) measured slower in session 8: ncu at (1, 32768) 32/8, 4.9-5.0 us against
+# 4.1-4.8 (2026-12-01-h200-s8/ncu_dur_triton*_8.txt; 228 registers).
 # PAGEDATTN_DECODE_COMBINE="UNROLL,WARPS[,DSPLIT[,STAGES]]" overrides (A/B runs); outputs are the
 # same bits for every value.
-SPLIT_COMBINE = (64, 1, 4, 1)
+SPLIT_COMBINE = (32, 1, 4, 1)
 
 
 def _combine_config(block_d, n_part_max):
