@@ -52,11 +52,12 @@ def load(name: str):
 # Keys: an arch, else its vendor; per op, else "*".
 # * AMD/Hygon: the hand-written kernels (KV-head grid, REUSE_KV_TIMES, buffer loads) are the
 #   fast path they were written to be; Triton second.
-# * NVIDIA: Triton first. On the H200 (session 7, bench/results/2026-12-01-h200-s7) the HIP
-#   decode is level with Triton's (0.985-1.08 of its speed on the 20 shapes, ahead on
-#   17), not far enough ahead to put first a backend with fewer options (no sinks, soft-cap,
-#   ALiBi, windows, vllm layout, q_len > 1) and a ~20 s nvcc build on first use; the HIP extend
-#   runs at a quarter of Triton's rate (13-14 % of the matmul rate).
+# * NVIDIA: Triton first. On the H200 (session 8, bench/results/2026-12-01-h200-s8) the HIP
+#   decode is 1-6 % ahead of Triton's on the 16-bit 32/8 and 32/32 shapes (20 of 20
+#   rows; 19 of 20 on a second machine), but it was never timed against Triton with fp8 caches
+#   or groups > 16, it has fewer options (no sinks, soft-cap, ALiBi, windows, vllm layout,
+#   q_len > 1) and a ~20 s nvcc build on first use; the HIP extend runs at a quarter of
+#   Triton's rate (13-14 % of the matmul rate).
 # * cpu / unknown GPUs: no HIP; Triton (the interpreter on cpu) then the torch reference.
 PREFERENCE = {
     "amd": {"*": ("hip", "triton", "torch")},
