@@ -5,8 +5,8 @@ e.g. ``auto= split1=PAGEDATTN_HIP_DECODE_MODE=split,PAGEDATTN_HIP_DECODE_PPP=1``
 times the Triton backend as the yardstick. Prints one row per shape: microseconds per variant
 and each variant's speed relative to the first. Outputs are not compared here (the GPU tests do).
 
-Usage: python scripts/hip_decode_ab.py [--quick] [--heads 64/1,48/2] [--csv PATH] [--label L]
-VARIANT [VARIANT ...]
+Usage: python scripts/hip_decode_ab.py [--quick] [--heads 64/1,48/2] [--kv e5m2] [--csv PATH]
+[--label L] VARIANT [VARIANT ...]
 """
 import argparse
 import os
@@ -15,7 +15,18 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH: an A/B tree may shadow the package
 
-from bench.bench_decode import BLOCKS, HEADS, SHAPES, _bench_graph, _case, _ours  # noqa: E402
+from bench.bench_decode import BLOCKS, HEADS, SHAPES, _bench_graph, _case  # noqa: E402
+
+KV_DTYPES = {"bf16": "bfloat16", "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+
+
+def _call(q, k, v, table, lens, out, backend, scale):
+    """The timed decode call (validation off); fp8 caches with per-head scales."""
+    import pagedattn as pa
+
+    kw = dict(k_scale=scale, v_scale=scale) if scale is not None else {}
+    return lambda: pa.paged_decode(q, k, v, table, lens, backend=backend, out=out,
+                                   validate=False, **kw)
 
 
 def _variants(specs):
@@ -33,6 +44,8 @@ def main(argv=None):
     ap.add_argument("--label", default="", help="printed in the header (e.g. a commit)")
     ap.add_argument("--heads", default=None,
                     help="Hq/Hkv pairs, comma-separated (default: the issue's 32/8 and 32/32)")
+    ap.add_argument("--kv", default="bf16", choices=sorted(KV_DTYPES),
+                    help="cache dtype (fp8: the bf16 cache cast, per-head scales 0.5)")
     ap.add_argument("--csv", default=None, help="also write the table here")
     ap.add_argument("variants", nargs="+")
     args = ap.parse_args(argv)
@@ -45,7 +58,9 @@ def main(argv=None):
         heads = [tuple(int(x) for x in pair.split("/")) for pair in args.heads.split(",")]
     rows = []
     names = [n for n, _ in variants]
-    print(f"# HIP decode A/B {args.label}: us per call from CUDA graphs; x = first / this")
+    kv_dtype = getattr(torch, KV_DTYPES[args.kv])
+    print(f"# HIP decode A/B {args.label} (KV {args.kv}): us per call from CUDA graphs; "
+          "x = first / this")
     print("| Hq/Hkv | block | (batch, ctx) | " + " | ".join(names) + " | "
           + " | ".join(f"x {n}" for n in names[1:]) + " |")
     print("|" + "---|" * (3 + 2 * len(names) - 1))
@@ -53,6 +68,10 @@ def main(argv=None):
         for bs in blocks:
             for batch, ctx in SHAPES:
                 q, k, v, table, lens = _case(batch, ctx, hq, hkv, bs, torch.bfloat16, "cuda", gen)
+                scale = None
+                if kv_dtype != torch.bfloat16:
+                    k, v = k.to(kv_dtype), v.to(kv_dtype)
+                    scale = torch.full((hkv,), 0.5, dtype=torch.float32, device="cuda")
                 out = torch.empty_like(q)
                 times = []
                 for name, env in variants:
@@ -60,7 +79,8 @@ def main(argv=None):
                     os.environ.update(env)
                     try:
                         backend = "triton" if name == "triton" else "hip"
-                        times.append(_bench_graph(_ours(q, k, v, table, lens, out, backend)))
+                        times.append(_bench_graph(_call(q, k, v, table, lens, out, backend,
+                                                        scale)))
                     except Exception as e:  # noqa: BLE001
                         print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                         times.append(float("nan"))
@@ -71,7 +91,7 @@ def main(argv=None):
                             else:
                                 os.environ[key] = val
                 ratios = [times[0] / t for t in times[1:]]
-                rows.append(dict(Hq=hq, Hkv=hkv, block=bs, batch=batch, ctx=ctx,
+                rows.append(dict(Hq=hq, Hkv=hkv, block=bs, batch=batch, ctx=ctx, kv=args.kv,
                                  **{f"{n}_graph_us": round(t, 1) for n, t in zip(names, times)}))
                 print(f"| {hq}/{hkv} | {bs} | ({batch}, {ctx}) | "
                       + " | ".join(f"{t:.1f}" for t in times) + " | "
