@@ -54,10 +54,10 @@ def load(name: str):
 #   fast path they were written to be; Triton second.
 # * NVIDIA: Triton first. On the H200 (session 8, bench/results/2026-12-01-h200-s8) the HIP
 #   decode is 1-6 % ahead of Triton's on the 16-bit 32/8 and 32/32 shapes (20 of 20
-#   rows; 19 of 20 on a second machine), but it was never timed against Triton with fp8 caches
-#   or groups > 16, it has fewer options (no sinks, soft-cap, ALiBi, windows, vllm layout,
-#   q_len > 1) and a ~20 s nvcc build on first use; the HIP extend runs at a quarter of
-#   Triton's rate (13-14 % of the matmul rate).
+#   rows; 19 of 20 on a second machine), but 1.2-1.9x slower with fp8 caches and 1.06-1.6x
+#   slower for groups > 16 (ab_{e5m2,e4m3,groups}_0df9546.md), it has fewer options (no sinks,
+#   soft-cap, ALiBi, windows, vllm layout, q_len > 1) and a ~20 s nvcc build on first use; the
+#   HIP extend runs at a quarter of Triton's rate (13-14 % of the matmul rate).
 # * cpu / unknown GPUs: no HIP; Triton (the interpreter on cpu) then the torch reference.
 PREFERENCE = {
     "amd": {"*": ("hip", "triton", "torch")},
