@@ -1,8 +1,9 @@
 """A/B of HIP decode launch shapes on the issue's decode shapes, from CUDA graphs (GPU only).
 
 Each variant is NAME=ENV[,ENV...] (environment set while that variant is captured and timed),
-e.g. ``auto= split1=PAGEDATTN_HIP_DECODE_MODE=split,PAGEDATTN_HIP_DECODE_PPP=1``; ``triton``
-times the Triton backend as the yardstick. Prints one row per shape: microseconds per variant
+e.g. ``auto= split1=PAGEDATTN_HIP_DECODE_MODE=split,PAGEDATTN_HIP_DECODE_PPP=1``; a value may hold
+commas (``t32=PAGEDATTN_DECODE_CONFIG=32,4,3``). Names starting with ``triton`` time the Triton
+backend (the yardstick), the others HIP. Prints one row per shape: microseconds per variant
 and each variant's speed relative to the first. Outputs are not compared here (the GPU tests do).
 
 Usage: python scripts/hip_decode_ab.py [--quick] [--heads 64/1,48/2] [--kv e5m2] [--csv PATH]
@@ -10,6 +11,7 @@ Usage: python scripts/hip_decode_ab.py [--quick] [--heads 64/1,48/2] [--kv e5m2]
 """
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -33,7 +35,8 @@ def _variants(specs):
     out = []
     for spec in specs:
         name, _, env = spec.partition("=")
-        pairs = [kv.split("=", 1) for kv in env.split(",") if kv]
+        # NAME=value pairs split at the commas that start the next upper-case NAME=
+        pairs = re.findall(r"([A-Z_][A-Z0-9_]*)=(.*?)(?=,[A-Z_][A-Z0-9_]*=|$)", env)
         out.append((name, dict(pairs)))
     return out
 
@@ -78,7 +81,7 @@ def main(argv=None):
                     saved = {key: os.environ.get(key) for key in env}
                     os.environ.update(env)
                     try:
-                        backend = "triton" if name == "triton" else "hip"
+                        backend = "triton" if name.startswith("triton") else "hip"
                         times.append(_bench_graph(_call(q, k, v, table, lens, out, backend,
                                                         scale)))
                     except Exception as e:  # noqa: BLE001

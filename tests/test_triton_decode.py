@@ -268,6 +268,24 @@ def test_bf16(layout, device, mode_guard):
         _check(b, q, out, lse, lens, 3, torch.bfloat16, logit_cap=30.0)
 
 
+@pytest.mark.parametrize("kvd", FP8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("big", [False, True], ids=["q", "q_x2^16"])
+def test_bf16_q_over_fp8_cache(kvd, big, device, mode_guard):
+    """bf16 q over an fp8 cache runs its dots in fp16 (decode._f16_dot), which the interpreter
+    computes right, so this pair runs on the CPU too. q_x2^16: max |q| >= 2^15 overflows fp16
+    unless the kernel prescales q by a power of 2 and moves it into the logit scale (scale=
+    brings the logits back to those of q)."""
+    gen = torch.Generator().manual_seed(23 + big)
+    lens = [1, 16, 37, 0]
+    b = make_paged_batch(lens, num_kv_heads=2, head_dim=64, block_size=16, layout="bhsd",
+                         dtype=kvd, device=device, gen=gen)
+    q = torch.randn(4, 8, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
+    qk, scale = (q * 2.0 ** 16, 64 ** -0.5 * 2.0 ** -16) if big else (q, None)
+    for mode in MODES:
+        out, lse = _decode(b, qk, mode=mode, partition_size=16, return_lse=True, scale=scale)
+        _check(b, q, out, lse, lens, 1, "fp8")
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU tier: real sizes, random grid, int32 overflow (D5)
 # ----------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from pagedattn.triton_kernels.decode import _combine_kernel, _decode_kernel
 
 INT_PTRS = ("block_table_ptr", "seq_lens_ptr")
 DATA_PTRS = ("q_ptr", "k_ptr", "v_ptr", "out_ptr")
+KV_TYPE = "bf16"
 
 
 def compile_one(fn, cst, floats, num_warps=4, num_stages=3):
@@ -33,6 +34,8 @@ def compile_one(fn, cst, floats, num_warps=4, num_stages=3):
         if n in cst:
             return "constexpr"
         if n.endswith("_ptr"):
+            if n in ("k_ptr", "v_ptr"):
+                return "*" + KV_TYPE
             return "*i32" if n in INT_PTRS else "*bf16" if n in DATA_PTRS else "*fp32"
         if n.startswith("stride"):
             return "i64"
@@ -49,15 +52,23 @@ bs = int(sys.argv[1])
 common = dict(G=4, R=4, D=128, BLOCK_D=128, HAS_SINK=False, HAS_KV_SCALE=False,
               RETURN_LSE=True)
 bn, warps, stages = D._CONFIGS["nvidia"][(128, 16)]  # the launcher's tiles for 32/8, D 128
-for one_pass, multi in ((False, False), (True, False), (False, True)):
+# bf16 caches in all three launch shapes; an e4m3 cache (fp16 dots, the fp8 tile) one-pass
+for kv, one_pass, multi in (("bf16", False, False), ("bf16", True, False), ("bf16", False, True),
+                            ("fp8e4nv", True, False)):
+    KV_TYPE = kv
+    fp8 = kv != "bf16"
+    tile = D._config(128, 4, None, 1 if fp8 else 2)[0]
     k = compile_one(_decode_kernel, dict(
         common, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, BLOCK_M=16,
-        BLOCK_N=bn, PART=512, ONE_BLOCK=bs % bn == 0, ONE_PASS=one_pass, MULTI=multi,
-        PDL=not one_pass, CAUSAL=False,
-        HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False, IEEE=False), ("scale", "cap"),
+        BLOCK_N=tile, PART=512, ONE_BLOCK=bs % tile == 0, ONE_PASS=one_pass, MULTI=multi,
+        PDL=not one_pass, CAUSAL=False, HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False,
+        IEEE=False, F16_DOT=fp8, HAS_KV_SCALE=fp8), ("scale", "cap"),
         num_warps=warps, num_stages=stages)
     waits = [int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", k.asm["ttgir"])]
-    assert waits and max(waits) >= 1, f"K/V copies never overlap across tiles: waits {waits}"
+    assert waits and max(waits) >= 1, f"{kv}: K/V copies never overlap across tiles: {waits}"
+    if fp8:  # the dots take fp16 operands (F16_DOT), not bf16 (more conversion instructions)
+        assert "xf16" in k.asm["ttgir"], "fp8 cache: the dots do not run in fp16"
+KV_TYPE = "bf16"
 unroll, warps, dsplit, c_stages = D.SPLIT_COMBINE
 k = compile_one(_combine_kernel, dict(common, UNROLL=unroll, DSPLIT=dsplit, C_STAGES=c_stages,
                                       PDL=True), (), num_warps=warps)

@@ -102,13 +102,25 @@ def _next_pow2(n):
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def _config(block_d, rows, device):
+def _config(block_d, rows, device, kv_bytes=2):
     env = os.environ.get("PAGEDATTN_DECODE_CONFIG")  # "BLOCK_N,num_warps,num_stages" (tuning)
     if env:
         return tuple(int(x) for x in env.split(","))
     fam = _TORCH_TO_FAMILY[bool(getattr(torch.version, "hip", None))]
     bucket = 16 if rows <= 16 else 64 if rows <= 64 else 256
-    return _CONFIGS[fam][(128 if block_d <= 128 else 256, bucket)]
+    block_n, warps, stages = _CONFIGS[fam][(128 if block_d <= 128 else 256, bucket)]
+    if kv_bytes == 1 and fam == "nvidia" and bucket == 16 and block_d <= 128:
+        block_n *= 2  # fp8: the same bytes per tile, half the per-tile instructions per byte
+    return block_n, warps, stages
+
+
+def _f16_dot(q_dtype, kv_dtype, device):
+    """bf16 q over an fp8 cache: run the dots in fp16 (``_decode_kernels._fp16_q``). On a GPU
+    PAGEDATTN_DECODE_FP8_DOT=bf16 keeps bf16 dots (A/B); the interpreter always takes fp16 (its
+    bf16 tl.dot is wrong, and dispatch.capabilities counts on this)."""
+    if q_dtype != torch.bfloat16 or kv_dtype not in FP8_DTYPES:
+        return False
+    return device.type != "cuda" or os.environ.get("PAGEDATTN_DECODE_FP8_DOT", "f16") != "bf16"
 
 
 def _num_sms(device):
@@ -186,7 +198,7 @@ def run(call):
     part = call.partition_size or default_partition_size(group)
     block_d = max(16, _next_pow2(d))
     block_m = max(16, _next_pow2(rows))
-    block_n, num_warps, num_stages = _config(block_d, rows, dev)
+    block_n, num_warps, num_stages = _config(block_d, rows, dev, call.k_cache.element_size())
     if dev.type != "cuda":
         block_n = 16  # interpreter: small tiles so tiny test sequences still span several
     block_n = min(block_n, max(16, part))
@@ -237,7 +249,8 @@ def run(call):
         PPP=ppp, CAUSAL=lq > 1,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
-        BLOCK_M=block_m, num_warps=num_warps, num_stages=num_stages,
+        F16_DOT=_f16_dot(q.dtype, call.k_cache.dtype, dev), BLOCK_M=block_m, num_warps=num_warps,
+        num_stages=num_stages,
         **common)
     if mode == "split" and n_part_max > 1:
         c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)
