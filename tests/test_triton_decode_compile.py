@@ -52,12 +52,13 @@ bs = int(sys.argv[1])
 common = dict(G=4, R=4, D=128, BLOCK_D=128, HAS_SINK=False, HAS_KV_SCALE=False,
               RETURN_LSE=True)
 bn, warps, stages = D._CONFIGS["nvidia"][(128, 16)]  # the launcher's tiles for 32/8, D 128
-# bf16 caches in all three launch shapes; an e4m3 cache (fp16 dots, the fp8 tile) one-pass
+# bf16 caches in all three launch shapes; an e4m3 cache one-pass with fp16 dots (F16_DOT) on
+# 64-token tiles (the A/B candidate, PAGEDATTN_DECODE_FP8_DOT=f16 PAGEDATTN_DECODE_CONFIG=64,4,3)
 for kv, one_pass, multi in (("bf16", False, False), ("bf16", True, False), ("bf16", False, True),
                             ("fp8e4nv", True, False)):
     KV_TYPE = kv
     fp8 = kv != "bf16"
-    tile = D._config(128, 4, None, 1 if fp8 else 2)[0]
+    tile = 64 if fp8 else bn
     k = compile_one(_decode_kernel, dict(
         common, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, BLOCK_M=16,
         BLOCK_N=tile, PART=512, ONE_BLOCK=bs % tile == 0, ONE_PASS=one_pass, MULTI=multi,

@@ -127,8 +127,8 @@ def unsupported(backend: str, op: str, arch: ArchFacts, *, dtype=None, kv_dtype=
                    "(targets: gfx90a, gfx942, gfx928/936/938, sm_80/86/89/90)")
     if dtype is not None and oc.dtypes is not None and dtype not in oc.dtypes:
         why.append(f"dtype {_fmt(dtype)} not in {[_fmt(d) for d in oc.dtypes]}")
-    # NOTE Triton's decode over an fp8 cache runs its dots in fp16 whatever q's dtype
-    # (triton_kernels/decode.py _f16_dot), so bf16 q is right there even in the interpreter.
+    # NOTE in the interpreter Triton's decode over an fp8 cache runs its dots in fp16 whatever
+    # q's dtype (triton_kernels/decode.py _f16_dot), so bf16 q is right there.
     f16_dots = backend == "triton" and op == "paged_decode" and kv_dtype is not None \
         and fp8_format(kv_dtype) is not None
     if dtype is not None and caps.where != ANYWHERE and op in MATMUL_OPS \

@@ -29,7 +29,7 @@ def _tile_block_ids(bt_row_ptr, start, hi, offs_n, BS: tl.constexpr, ONE_BLOCK: 
 
 @triton.jit
 def _fp16_q(q):
-    """(q * 2^-e in fp16, 2^e) for a bf16 q tile over an fp8 cache.
+    """(q * 2^-e in fp16, 2^e) for a bf16 q tile over an fp8 cache (F16_DOT, decode._f16_dot).
 
     Every e4m3 and e5m2 value is exact in fp16, and fp8 -> fp16 is one cvt per pair on sm_89+,
     where fp8 -> bf16 takes several instructions per element: a decode loop that converts every

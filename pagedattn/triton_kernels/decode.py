@@ -102,25 +102,27 @@ def _next_pow2(n):
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def _config(block_d, rows, device, kv_bytes=2):
+def _config(block_d, rows, device):
     env = os.environ.get("PAGEDATTN_DECODE_CONFIG")  # "BLOCK_N,num_warps,num_stages" (tuning)
     if env:
         return tuple(int(x) for x in env.split(","))
     fam = _TORCH_TO_FAMILY[bool(getattr(torch.version, "hip", None))]
     bucket = 16 if rows <= 16 else 64 if rows <= 64 else 256
-    block_n, warps, stages = _CONFIGS[fam][(128 if block_d <= 128 else 256, bucket)]
-    if kv_bytes == 1 and fam == "nvidia" and bucket == 16 and block_d <= 128:
-        block_n *= 2  # fp8: the same bytes per tile, half the per-tile instructions per byte
-    return block_n, warps, stages
+    return _CONFIGS[fam][(128 if block_d <= 128 else 256, bucket)]
 
 
 def _f16_dot(q_dtype, kv_dtype, device):
-    """bf16 q over an fp8 cache: run the dots in fp16 (``_decode_kernels._fp16_q``). On a GPU
-    PAGEDATTN_DECODE_FP8_DOT=bf16 keeps bf16 dots (A/B); the interpreter always takes fp16 (its
-    bf16 tl.dot is wrong, and dispatch.capabilities counts on this)."""
+    """Whether a bf16 q over an fp8 cache runs its dots in fp16 (``_decode_kernels._fp16_q``).
+
+    The interpreter always does (its bf16 tl.dot is wrong; dispatch.capabilities counts on it).
+    On a GPU only with PAGEDATTN_DECODE_FP8_DOT=f16, until measured there: offline (sm_90,
+    triton 3.6) it cuts the fp8 loop from 82 to 71 instructions per KB of K/V, 58 with
+    64-token tiles (PAGEDATTN_DECODE_CONFIG=64,4,3), against 27 for bf16 caches; the H200 ran
+    fp8 caches at 0.33-0.47 of the read ceiling (bench/results/2026-12-01-h200-s8, call 8).
+    """
     if q_dtype != torch.bfloat16 or kv_dtype not in FP8_DTYPES:
         return False
-    return device.type != "cuda" or os.environ.get("PAGEDATTN_DECODE_FP8_DOT", "f16") != "bf16"
+    return device.type != "cuda" or os.environ.get("PAGEDATTN_DECODE_FP8_DOT", "bf16") == "f16"
 
 
 def _num_sms(device):
@@ -198,7 +200,7 @@ def run(call):
     part = call.partition_size or default_partition_size(group)
     block_d = max(16, _next_pow2(d))
     block_m = max(16, _next_pow2(rows))
-    block_n, num_warps, num_stages = _config(block_d, rows, dev, call.k_cache.element_size())
+    block_n, num_warps, num_stages = _config(block_d, rows, dev)
     if dev.type != "cuda":
         block_n = 16  # interpreter: small tiles so tiny test sequences still span several
     block_n = min(block_n, max(16, part))
