@@ -168,8 +168,9 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
   // base pointers 16-byte aligned and k/v strides multiples of EPV; q strides even.
   uint8_t* smem;
   if constexpr (Cfg::kPipe) {
-    // (kStages, kStageElems) 16-bit; the swizzle needs 128-byte aligned stages
-    extern __shared__ __align__(Cfg::kSwz ? 128 : 16) uint8_t pk_dyn_smem[];
+    // (kStages, kStageElems) 16-bit; the swizzle needs 128-byte aligned stages. One alignment
+    // for every instantiation: the array is one symbol per translation unit (D 64 is unswizzled)
+    extern __shared__ __align__(128) uint8_t pk_dyn_smem[];
     smem = pk_dyn_smem;
   } else {
     __shared__ __align__(16) uint8_t pk_tile_smem[Cfg::kSmemBytes];
