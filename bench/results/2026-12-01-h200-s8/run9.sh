@@ -19,3 +19,7 @@ timeout 40 python3 scripts/hip_decode_ab.py --kv e4m3 --quick --label "$PAGEDATT
 # graph A/B compared two processes, whose drift was as large as the effect)
 timeout 40 python3 scripts/hip_decode_ab.py --quick --label "$PAGEDATTN_COMMIT" --csv $O/ab_combine_unroll.csv \
   triton_u32a= triton_u64a=PAGEDATTN_DECODE_COMBINE=64,1,4,1 triton_u32b= triton_u64b=PAGEDATTN_DECODE_COMBINE=64,1,4,1 2>&1 | tee $O/ab_combine_unroll.md | tail -6
+# Triton bf16 decode with 2 stages (1 tile in flight, as the HIP column split's default; 21.5 KB
+# of shared memory instead of 37.9; never measured at 32-token tiles), interleaved twice
+timeout 90 python3 scripts/hip_decode_ab.py --heads 32/8,32/32 --label "$PAGEDATTN_COMMIT" --csv $O/ab_stages.csv \
+  triton_s3a= triton_s2a=PAGEDATTN_DECODE_CONFIG=32,4,2 triton_s3b= triton_s2b=PAGEDATTN_DECODE_CONFIG=32,4,2 2>&1 | tee $O/ab_stages.md | tail -21
