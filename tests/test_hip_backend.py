@@ -95,9 +95,10 @@ def test_decode_vs_oracle(dtype, kv, layout, heads, d, bs):
 @pytest.mark.parametrize("partition_size", [64, 128, 2048])
 @pytest.mark.parametrize("q_head_grid", [False, True])
 def test_decode_partitions_and_grids(partition_size, q_head_grid):
-    """Split-KV with many partitions / a single pass, and the Q-head grid variant."""
+    """Split-KV with many partitions / a single pass, and the Q-head grid variant. 8300 keys
+    at partition 64 make 130 partitions: the combine's third round of 64 (combine.cuh)."""
     from pagedattn import hip_kernels as H
-    lens = [1, 300, 1500, 0]
+    lens = [1, 300, 1500, 0, 8300]
     b, gen = _batch(lens, 2, 128, 16, "bhsd", torch.bfloat16, seed=1)
     q = torch.randn(len(lens), 16, 128, generator=gen).to("cuda", torch.bfloat16)
     out = torch.full_like(q, float("nan"))
@@ -145,9 +146,9 @@ def test_decode_launch_shapes_same_bits(layout, heads, d, dtype, part, kv):
     """One pass (each block folds all its sequence's partitions), split with 1, 2, 3 or all
     partitions per block (parked states, the combine folds them) and the automatic choice give
     the same bits: the fold order and arithmetic never depend on the launch shape, which is what
-    lets the launcher choose it by batch size."""
+    lets the launcher choose it by batch size. 65 partitions take the combine two rounds."""
     hq, hkv = heads
-    lens = [1, 0, 1500, 512, 64, 2049, 3, part, part + 1]
+    lens = [1, 0, 1500, 512, 64, 2049, 3, part, part + 1, 64 * part + 1]  # last: 65 partitions
     b, gen = _batch(lens, hkv, d, 16, layout, kv or dtype, seed=5)
     q = torch.randn(len(lens), hq, d, generator=gen).to("cuda", dtype)
     out, lse = _decode_poisoned(b, q, layout, part, mode="split", parts_per_block=1)

@@ -11,10 +11,14 @@ TOP=${1:?out}; O=$TOP/r; mkdir -p $O
 cd "$(dirname "$0")/../../.."
 PACK_DIR=$O
 . scripts/device_env.sh
+(python3 -c "from pagedattn.hip_kernels import build; build.load()" > $O/build.log 2>&1) &
 PAGEDATTN_DECODE_FP8_DOT=f16 PAGEDATTN_DECODE_CONFIG=64,4,3 timeout 100 python3 -m pytest -q -p no:cacheprovider -rf --tb=short -n 8 tests/test_triton_decode.py 2>&1 | tee $O/triton_decode_tests_f16_t64.log | tail -3
 V="triton= triton_f16=PAGEDATTN_DECODE_FP8_DOT=f16 triton_t64=PAGEDATTN_DECODE_CONFIG=64,4,3 triton_f16_t64=PAGEDATTN_DECODE_FP8_DOT=f16,PAGEDATTN_DECODE_CONFIG=64,4,3 triton_f16_t128=PAGEDATTN_DECODE_FP8_DOT=f16,PAGEDATTN_DECODE_CONFIG=128,4,3"
 timeout 80 python3 scripts/hip_decode_ab.py --kv e5m2 --heads 32/8 --label "$PAGEDATTN_COMMIT" --csv $O/ab_fp8_e5m2.csv $V 2>&1 | tee $O/ab_fp8_e5m2.md | tail -11
 timeout 40 python3 scripts/hip_decode_ab.py --kv e4m3 --quick --label "$PAGEDATTN_COMMIT" --csv $O/ab_fp8_e4m3.csv $V 2>&1 | tee $O/ab_fp8_e4m3.md | tail -6
+# the HIP combine past 64 partitions (two and three rounds; new cases, never run on a GPU)
+wait; timeout 120 python3 -m pytest -q -p no:cacheprovider -rf --tb=short -n 8 tests/test_hip_backend.py \
+  -k "partitions or launch_shapes" 2>&1 | tee $O/hip_tests_combine_rounds.log | tail -3
 # Triton combine UNROLL 32 (default) vs 64 at (1, 32768), interleaved in one process (session 8's
 # graph A/B compared two processes, whose drift was as large as the effect)
 timeout 40 python3 scripts/hip_decode_ab.py --quick --label "$PAGEDATTN_COMMIT" --csv $O/ab_combine_unroll.csv \
