@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import pagedattn as pa
-from attn_utils import (FP8, assert_attn_close, assert_lse_close, dense_attention, dense_kv,
+from attn_utils import (assert_attn_close, assert_lse_close, dense_attention, dense_kv,
                         make_paged_batch, tol_key)
 
 pytestmark = pytest.mark.gpu
