@@ -269,21 +269,28 @@ def test_bf16(layout, device, mode_guard):
 
 
 @pytest.mark.parametrize("kvd", FP8, ids=["e4m3", "e5m2"])
-@pytest.mark.parametrize("big", [False, True], ids=["q", "q_x2^16"])
-def test_bf16_q_over_fp8_cache(kvd, big, device, mode_guard):
+@pytest.mark.parametrize("case", ["q", "q_x2^16", "options"])
+def test_bf16_q_over_fp8_cache(kvd, case, device, mode_guard):
     """bf16 q over an fp8 cache runs its dots in fp16 (decode._f16_dot), which the interpreter
     computes right, so this pair runs on the CPU too. q_x2^16: max |q| >= 2^15 overflows fp16
     unless the kernel prescales q by a power of 2 and moves it into the logit scale (scale=
-    brings the logits back to those of q)."""
-    gen = torch.Generator().manual_seed(23 + big)
-    lens = [1, 16, 37, 0]
-    b = make_paged_batch(lens, num_kv_heads=2, head_dim=64, block_size=16, layout="bhsd",
-                         dtype=kvd, device=device, gen=gen)
-    q = torch.randn(4, 8, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
-    qk, scale = (q * 2.0 ** 16, 64 ** -0.5 * 2.0 ** -16) if big else (q, None)
+    brings the logits back to those of q). options: the same with 3 query tokens, vllm layout,
+    a padded head dim, soft-cap, ALiBi, sinks and a window on top of the prescale."""
+    gen = torch.Generator().manual_seed(23 + len(case))
+    opt = case == "options"
+    lens, d, q_len = ([3, 16, 37, 40], 80, 3) if opt else ([1, 16, 37, 0], 64, 1)
+    b = make_paged_batch(lens, num_kv_heads=2, head_dim=d, block_size=16,
+                         layout="vllm" if opt else "bhsd", dtype=kvd, device=device, gen=gen)
+    shape = (4, q_len, 8, d) if opt else (4, 8, d)
+    q = torch.randn(shape, generator=gen).to(device=device, dtype=torch.bfloat16)
+    o = dict(logit_cap=5.0, alibi_slopes=(torch.rand(8) * 0.5).to(device),
+             sinks=(torch.randn(8) * 2).to(device), sliding_window=17) if opt else {}
+    big = case != "q"
+    qk, scale = (q * 2.0 ** 16, d ** -0.5 * 2.0 ** -16) if big else (q, None)
     for mode in MODES:
-        out, lse = _decode(b, qk, mode=mode, partition_size=16, return_lse=True, scale=scale)
-        _check(b, q, out, lse, lens, 1, "fp8")
+        out, lse = _decode(b, qk, mode=mode, partition_size=16, return_lse=True, scale=scale,
+                           **o)
+        _check(b, q, out, lse, lens, q_len, "fp8", **o)
 
 
 # ----------------------------------------------------------------------------------------------
