@@ -49,8 +49,12 @@ def stream_sum(x, block: int, iters: int, warps: int):
     return part
 
 
-def read_ceiling(device: str, n_bytes: int) -> Tuple[float, str, Dict[str, float]]:
-    """(bytes/s, how, every candidate's GB/s) over an ``n_bytes`` bf16 tensor (fp32 on the CPU)."""
+def read_ceiling(device: str, n_bytes: int, *,
+                 graph_calls: int = 0) -> Tuple[float, str, Dict[str, float]]:
+    """(bytes/s, how, every candidate's GB/s) over an ``n_bytes`` bf16 tensor (fp32 on the CPU).
+
+    graph_calls > 0 (GPU): each candidate is timed as one replay of a CUDA graph of that many
+    calls, as bench_decode times decode (scripts/read_size_sweep.py)."""
     import torch
 
     from bench.common import time_fn
@@ -58,13 +62,14 @@ def read_ceiling(device: str, n_bytes: int) -> Tuple[float, str, Dict[str, float
     elem = torch.bfloat16 if device == "cuda" else torch.float32
     x = torch.ones(n_bytes // torch.empty((), dtype=elem).element_size(), dtype=elem,
                    device=device)
-    cands = {"x.sum": time_fn(lambda: x.sum(dtype=torch.float32), device=device, warmup=2,
-                              rep=10, flush_l2=False)}
+    timing = dict(device=device, warmup=2, rep=10, flush_l2=False)
+    if graph_calls:
+        timing.update(cuda_graph=True, graph_calls=graph_calls, rep=60)
+    cands = {"x.sum": time_fn(lambda: x.sum(dtype=torch.float32), **timing)}
     if device == "cuda":  # the interpreter would take minutes over 64 MiB
         for blk, it, w in CONFIGS:
             cands[f"stream {blk}x{it}/{w}w"] = time_fn(
-                lambda: stream_sum(x, blk, it, w), device=device, warmup=2, rep=10,
-                flush_l2=False)
+                lambda: stream_sum(x, blk, it, w), **timing)
     del x
     gbps = {k: n_bytes / t / 1e9 for k, t in cands.items()}
     best = max(gbps, key=gbps.get)

@@ -10,10 +10,7 @@ usage: python scripts/read_size_sweep.py [--csv PATH]
 """
 import argparse
 
-import torch
-
-from bench.common import time_fn
-from bench.read_probe import CONFIGS, stream_sum
+from bench.read_probe import read_ceiling
 
 # bytes of K+V read by the issue's decode shapes (D 128, bf16): (label, bytes)
 SIZES = [("(1,32768) 32/8", 134_217_728), ("(8,8192) 32/8", 268_435_456),
@@ -22,25 +19,15 @@ SIZES = [("(1,32768) 32/8", 134_217_728), ("(8,8192) 32/8", 268_435_456),
          ("4 GiB", 4 * 2 ** 30)]
 
 
-def best_read(n_bytes):
-    x = torch.ones(n_bytes // 2, dtype=torch.bfloat16, device="cuda")
-    cands = {"x.sum": lambda: x.sum(dtype=torch.float32)}
-    for blk, it, w in CONFIGS:
-        cands[f"stream {blk}x{it}/{w}w"] = (lambda b=blk, i=it, ww=w: stream_sum(x, b, i, ww))
-    us = {k: time_fn(f, device="cuda", cuda_graph=True, graph_calls=10, rep=60) * 1e6
-          for k, f in cands.items()}
-    best = min(us, key=us.get)
-    return best, us[best], us
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--csv")
     args = ap.parse_args()
     rows = []
     for label, n in SIZES:
-        how, t, _ = best_read(n)
-        rows.append((label, n, how, t, n / t / 1e3))
+        bps, how, _ = read_ceiling("cuda", n, graph_calls=10)
+        how = how.rsplit(": ", 1)[-1]  # the winning candidate's name
+        rows.append((label, n, how, n / bps * 1e6, bps / 1e9))
     ceil = rows[-1][4]
     print(f"{'shape':18} {'MB':>8} {'best':>22} {'us':>8} {'GB/s':>7} {'frac of 4 GiB':>13}")
     for label, n, how, t, gbs in rows:
