@@ -73,12 +73,14 @@ def _case(batch, ctx, hq, hkv, bs, dtype, device, gen):
     return q, k, v, table, lens
 
 
-def _ours(q, k, v, table, lens, out, backend):
-    """One of this package's decode backends, validation off (the timed call)."""
+def _ours(q, k, v, table, lens, out, backend, kv_scale=None):
+    """One of this package's decode backends, validation off (the timed call); kv_scale: the
+    k_scale = v_scale of an fp8 cache (float32 [Hkv])."""
     import pagedattn as pa
 
+    kw = dict(k_scale=kv_scale, v_scale=kv_scale) if kv_scale is not None else {}
     return lambda: pa.paged_decode(q, k, v, table, lens, backend=backend, out=out,
-                                   validate=False)
+                                   validate=False, **kw)
 
 
 def _sdpa(q, k, v, table, lens, bs):

@@ -17,18 +17,9 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH: an A/B tree may shadow the package
 
-from bench.bench_decode import BLOCKS, HEADS, SHAPES, _bench_graph, _case  # noqa: E402
+from bench.bench_decode import BLOCKS, HEADS, SHAPES, _bench_graph, _case, _ours  # noqa: E402
 
 KV_DTYPES = {"bf16": "bfloat16", "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
-
-
-def _call(q, k, v, table, lens, out, backend, scale):
-    """The timed decode call (validation off); fp8 caches with per-head scales."""
-    import pagedattn as pa
-
-    kw = dict(k_scale=scale, v_scale=scale) if scale is not None else {}
-    return lambda: pa.paged_decode(q, k, v, table, lens, backend=backend, out=out,
-                                   validate=False, **kw)
 
 
 def _variants(specs):
@@ -82,7 +73,7 @@ def main(argv=None):
                     os.environ.update(env)
                     try:
                         backend = "triton" if name.startswith("triton") else "hip"
-                        times.append(_bench_graph(_call(q, k, v, table, lens, out, backend,
+                        times.append(_bench_graph(_ours(q, k, v, table, lens, out, backend,
                                                         scale)))
                     except Exception as e:  # noqa: BLE001
                         print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
