@@ -29,8 +29,6 @@ Build switches (environment, read at build time; each combination is its own cac
   (``-DPK_DECODE_SWIZZLE=0``). The swizzle is the default at D 128 since session 8: 1-4 % faster
   on every 64/1 and 48/2 decode row of the H200 A/B, the 74 HIP decode tests passing under it
   (D 64 keeps padded rows: swizzled, its 2-row-tile form spilled).
-* ``PAGEDATTN_HIP_COMBINE_COLS=32``: the split-KV combine runs one-warp blocks of 32 columns
-  (D / 32 blocks per head) instead of one D-thread block per head (``-DPK_COMBINE_COLS=32``).
 * ``PAGEDATTN_HIP_DECODE_COLSPLIT=0``: groups of <= 16 heads run attn_kernel's pipeline instead
   of the column-split kernel (decode_cs.cuh, the default since session 6: 4 warps share 32-token
   tiles, 16 warps per SM; H200: 1-17 % faster on 32/8, level to +4 % on 32/32).
@@ -89,7 +87,6 @@ BUILD_SWITCHES = {  # environment variable -> macro (NVIDIA decode pipeline; no-
     "PAGEDATTN_HIP_DECODE_SWIZZLE": "PK_CS_SWIZZLE",
     "PAGEDATTN_HIP_DECODE_CS_STAGES": "PK_CS_STAGES",
     "PAGEDATTN_HIP_DECODE_PIPE_SWIZZLE": "PK_DECODE_SWIZZLE",
-    "PAGEDATTN_HIP_COMBINE_COLS": "PK_COMBINE_COLS",
 }
 
 

@@ -67,8 +67,7 @@ const char* launch_attn(AttnParams& p, stream_t stream, bool go = true) {
 // (it may start while that grid drains and waits for it before reading the partition states).
 template <class QT, int D>
 const char* launch_combine(const AttnParams& p, stream_t stream) {
-  constexpr int kCols = combine_cols<D>();
-  const dim3 grid(p.num_q_heads * (D / kCols), p.num_seqs), block(kCols);
+  const dim3 grid(p.num_q_heads, p.num_seqs), block(D);
 #if defined(PK_CUDA)
   int dev = 0, major = 0;
   if (cudaGetDevice(&dev) == cudaSuccess &&

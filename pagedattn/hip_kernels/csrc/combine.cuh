@@ -17,26 +17,14 @@ namespace pk {
 // 8 (ncu, (1, 32768) 32/8): 5.2 -> 4.9 us against 32 partitions per round trip with every thread
 // loading every (m, l). On sm_90 the kernel is launched as a programmatic dependent of the
 // decode grid and waits for it only before its first workspace read.
-// Columns per block (build switch PK_COMBINE_COLS; 0 = D, one block per head): 32 gives one-warp
-// blocks of 32 columns, D / 32 times the blocks (session 8: not faster).
-#ifndef PK_COMBINE_COLS
-#define PK_COMBINE_COLS 0
-#endif
-template <int D>
-constexpr int combine_cols() {
-  return PK_COMBINE_COLS > 0 && PK_COMBINE_COLS < D ? PK_COMBINE_COLS : D;
-}
-
-// grid (Hq * D / kCols, S), kCols threads; thread = column.
+// grid (Hq, S), D threads (thread = column). (One-warp blocks of 32 columns, D / 32 times the
+// blocks, measured no faster in session 8.)
 template <class QT, int D>
-__global__ void __launch_bounds__(combine_cols<D>()) combine_kernel(const AttnParams p) {
-  constexpr int kCols = combine_cols<D>();
-  constexpr int kGroup = 64;  // partitions per round trip
-  static_assert(D % kCols == 0 && (kGroup % kCols == 0 || kCols % kGroup == 0),
-                "whole column blocks, whole (m, l) fetch rounds");
+__global__ void __launch_bounds__(D) combine_kernel(const AttnParams p) {
+  constexpr int kGroup = 64;  // partitions per round trip; thread u < kGroup fetches (m_u, l_u)
+  static_assert(D >= kGroup, "one (m, l) fetch per thread");
   __shared__ float sm_m[kGroup], sm_l[kGroup];
-  const int head = blockIdx.x / (D / kCols), seq = blockIdx.y, tid = threadIdx.x;
-  const int col = blockIdx.x % (D / kCols) * kCols + tid;
+  const int head = blockIdx.x, seq = blockIdx.y, tid = threadIdx.x;
   const int ctx = p.seq_lens[seq];
   const int parts = max(1, (ctx + p.partition_size - 1) / p.partition_size);
   const int64_t base = (int64_t(seq) * p.num_q_heads + head) * p.max_partitions;
@@ -45,17 +33,14 @@ __global__ void __launch_bounds__(combine_cols<D>()) combine_kernel(const AttnPa
   for (int g = 0; g < parts; g += kGroup) {
     const int n = min(kGroup, parts - g);
     if (g > 0) __syncthreads();  // the previous group's (m, l) are read
-#pragma unroll
-    for (int u = tid; u < kGroup; u += kCols) {
-      if (u < n) {
-        sm_m[u] = p.max_logits[base + g + u];
-        sm_l[u] = p.exp_sums[base + g + u];
-      }
+    if (tid < n) {
+      sm_m[tid] = p.max_logits[base + g + tid];
+      sm_l[tid] = p.exp_sums[base + g + tid];
     }
     float av[kGroup];  // (kGroup) this thread's column of each accumulator
 #pragma unroll
     for (int u = 0; u < kGroup; ++u)
-      av[u] = u < n ? p.tmp_out[(base + g + u) * D + col] : 0.f;
+      av[u] = u < n ? p.tmp_out[(base + g + u) * D + tid] : 0.f;
     __syncthreads();
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
@@ -65,8 +50,8 @@ __global__ void __launch_bounds__(combine_cols<D>()) combine_kernel(const AttnPa
   }
   const float inv = L > 0.f ? 1.f / L : 0.f;
   uint16_t* ob = static_cast<uint16_t*>(p.out) + int64_t(seq) * p.o_stride_tok + head * p.o_stride_head;
-  ob[col] = from_float(QT{}, A * inv);
-  if (p.lse && col == 0)
+  ob[tid] = from_float(QT{}, A * inv);
+  if (p.lse && tid == 0)
     p.lse[int64_t(seq) * p.num_q_heads + head] = lse_of(M, L);
 }
 
