@@ -6,7 +6,8 @@ commas (``t32=PAGEDATTN_DECODE_CONFIG=32,4,3``). Names starting with ``triton`` 
 backend (the yardstick), the others HIP. Prints one row per shape: microseconds per variant
 and each variant's speed relative to the first. Outputs are not compared here (the GPU tests do).
 
-Usage: python scripts/hip_decode_ab.py [--quick] [--heads 64/1,48/2] [--kv e5m2] [--csv PATH]
+Usage: python scripts/hip_decode_ab.py [--quick] [--heads 64/1,48/2] [--blocks 16,32]
+[--kv e5m2] [--csv PATH]
 [--label L] VARIANT [VARIANT ...]
 """
 import argparse
@@ -38,6 +39,8 @@ def main(argv=None):
     ap.add_argument("--label", default="", help="printed in the header (e.g. a commit)")
     ap.add_argument("--heads", default=None,
                     help="Hq/Hkv pairs, comma-separated (default: the issue's 32/8 and 32/32)")
+    ap.add_argument("--blocks", default=None,
+                    help="block sizes, comma-separated (default: the issue's 16 and 64)")
     ap.add_argument("--kv", default="bf16", choices=sorted(KV_DTYPES),
                     help="cache dtype (fp8: the bf16 cache cast, per-head scales 0.5)")
     ap.add_argument("--csv", default=None, help="also write the table here")
@@ -50,6 +53,8 @@ def main(argv=None):
     heads, blocks = (HEADS[:1], BLOCKS[:1]) if args.quick else (HEADS, BLOCKS)
     if args.heads:
         heads = [tuple(int(x) for x in pair.split("/")) for pair in args.heads.split(",")]
+    if args.blocks:
+        blocks = [int(x) for x in args.blocks.split(",")]
     rows = []
     names = [n for n, _ in variants]
     kv_dtype = getattr(torch, KV_DTYPES[args.kv])

@@ -52,19 +52,20 @@ bs = int(sys.argv[1])
 common = dict(G=4, R=4, D=128, BLOCK_D=128, HAS_SINK=False, HAS_KV_SCALE=False,
               RETURN_LSE=True)
 bn, warps, stages = D._CONFIGS["nvidia"][(128, 16)]  # the launcher's tiles for 32/8, D 128
-# bf16 caches in all three launch shapes; an e4m3 cache one-pass with fp16 dots (F16_DOT) on
-# 64-token tiles (the A/B candidate, PAGEDATTN_DECODE_FP8_DOT=f16 PAGEDATTN_DECODE_CONFIG=64,4,3)
+fp8_bn, fp8_warps, fp8_stages = D._FP8_CONFIGS[("nvidia", (128, 16))]
+# bf16 caches in all three launch shapes; an e4m3 cache one-pass with fp16 dots (F16_DOT) on the
+# launcher's fp8 tiles
 for kv, one_pass, multi in (("bf16", False, False), ("bf16", True, False), ("bf16", False, True),
                             ("fp8e4nv", True, False)):
     KV_TYPE = kv
     fp8 = kv != "bf16"
-    tile = 64 if fp8 else bn
+    tile = fp8_bn if fp8 else bn
     k = compile_one(_decode_kernel, dict(
         common, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, BLOCK_M=16,
         BLOCK_N=tile, PART=512, ONE_BLOCK=bs % tile == 0, ONE_PASS=one_pass, MULTI=multi,
         PDL=not one_pass, CAUSAL=False, HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False,
         IEEE=False, F16_DOT=fp8, HAS_KV_SCALE=fp8), ("scale", "cap"),
-        num_warps=warps, num_stages=stages)
+        num_warps=fp8_warps if fp8 else warps, num_stages=fp8_stages if fp8 else stages)
     waits = [int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", k.asm["ttgir"])]
     assert waits and max(waits) >= 1, f"{kv}: K/V copies never overlap across tiles: {waits}"
     if fp8:  # the dots take fp16 operands (F16_DOT), not bf16 (more conversion instructions)

@@ -95,18 +95,22 @@ def online_softmax_step(m_i, l_i, s):
 
 
 @triton.jit
-def finalize_state(m, l, acc, sink2, HAS_SINK: tl.constexpr):
+def finalize_state(m, l, acc, sink, HAS_SINK: tl.constexpr):
     """(m [M], l [M], acc [M, D]) -> (out [M, D] float32, lse2 [M]) in the log2 domain.
 
-    Sinks (sink2 [M], log2 domain) join the denominator only; lse excludes them. An empty row
-    (l == 0) gives out 0 and lse2 = -inf.
+    Sinks (sink [M], natural-log logits as loaded) join the denominator only; lse excludes them.
+    An empty row (l == 0) gives out 0 and lse2 = -inf. NOTE every product that meets an add is
+    an explicit FMA: left to the compiler, ``sink * log2(e) - m2`` was contracted in the split
+    combine but not in the decode kernel (sm_90 PTX, triton 3.6), and outputs with a sink near
+    the row maximum differed in the last bit between the launch shapes.
     """
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     if HAS_SINK:
+        sink2 = sink * 1.4426950408889634  # the max only: a rounded product
         m2 = tl.maximum(m_safe, sink2)
         m2 = tl.where(m == float("-inf"), sink2, m2)
         r = tl.exp2(m_safe - m2)  # [M] rescale of l and acc to the joint max
-        den = l * r + tl.exp2(sink2 - m2)
+        den = tl.fma(l, r, tl.exp2(tl.fma(sink, 1.4426950408889634, -m2)))
     else:
         r = tl.full(m.shape, 1.0, tl.float32)
         den = l

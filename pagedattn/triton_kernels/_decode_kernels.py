@@ -238,9 +238,9 @@ def _decode_kernel(
     slope2 = tl.zeros((BLOCK_M,), tl.float32)
     if HAS_ALIBI:
         slope2 = tl.load(slopes_ptr + qh, mask=row_ok, other=0.0) * 1.4426950408889634
-    sink2 = tl.zeros((BLOCK_M,), tl.float32)
+    sink = tl.zeros((BLOCK_M,), tl.float32)
     if HAS_SINK:
-        sink2 = tl.load(sinks_ptr + qh, mask=row_ok, other=0.0) * 1.4426950408889634
+        sink = tl.load(sinks_ptr + qh, mask=row_ok, other=0.0)
     bt_row_ptr = block_table_ptr + s * stride_bt
     ws_row0 = ((s * tl.num_programs(0) + h) * P) * R  # int64: (s, h, partition 0, row 0)
     STEP: tl.constexpr = BLOCK_N if BLOCK_N <= PART else PART  # keys per tile
@@ -279,7 +279,7 @@ def _decode_kernel(
                 m, l, acc = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32),
                                    tl.zeros((BLOCK_M,), tl.float32),
                                    tl.zeros((BLOCK_M, BLOCK_D), tl.float32), m, l, acc)
-            o, lse2 = finalize_state(m, l, acc, sink2, HAS_SINK)
+            o, lse2 = finalize_state(m, l, acc, sink, HAS_SINK)
             _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok, d_mask, v_scale,
                         Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
         elif not MULTI:  # park (m_p, l_p, acc_p) for the combine (MULTI parked in the loop)
@@ -385,9 +385,9 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         one = tl.arange(0, 1)
         qi = one * 0 + r // G
         qh = one * 0 + h * G + r % G
-        sink2 = tl.zeros((1,), tl.float32)
+        sink = tl.zeros((1,), tl.float32)
         if HAS_SINK:
-            sink2 = tl.load(sinks_ptr + qh) * 1.4426950408889634
-        o, lse2 = finalize_state(big_m, big_l, big_a, sink2, HAS_SINK)
+            sink = tl.load(sinks_ptr + qh)
+        o, lse2 = finalize_state(big_m, big_l, big_a, sink, HAS_SINK)
         _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, one == 0, (one + dc) == 0,
                     d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)

@@ -58,6 +58,12 @@ _CONFIGS = {
     "amd": {(128, 16): (64, 4, 1), (128, 64): (64, 4, 1), (128, 256): (32, 8, 1),
             (256, 16): (32, 4, 1), (256, 64): (32, 4, 1), (256, 256): (16, 8, 1)},
 }
+# fp8 caches (1 byte per element), rows <= 16, D <= 128: tiles of 128 tokens, 4x the bf16 tile's
+# tokens, twice its bytes. H200, session 9 (bench/results/2026-12-01-h200-s9/ab_fp8_*.md, 32/8,
+# both with fp16 dots), against 32-token tiles: block 16 1.05-1.58x faster on every issue row
+# (e5m2; e4m3 alike); block 64 0.96-1.09x (64-token tiles, one page per tile there, were
+# 0.91-1.15x: no rule over both sizes won every row, so one tile serves every block size).
+_FP8_CONFIGS = {("nvidia", (128, 16)): (128, 4, 3)}
 _TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
 MAX_ROWS = 256  # G * Lq rows per program
 # The split launch's combine kernel: (states per load, warps, column blocks per row, pipeline
@@ -102,27 +108,46 @@ def _next_pow2(n):
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def _config(block_d, rows, device):
+def _config(block_d, rows, kv_bytes, device):
     env = os.environ.get("PAGEDATTN_DECODE_CONFIG")  # "BLOCK_N,num_warps,num_stages" (tuning)
     if env:
         return tuple(int(x) for x in env.split(","))
     fam = _TORCH_TO_FAMILY[bool(getattr(torch.version, "hip", None))]
     bucket = 16 if rows <= 16 else 64 if rows <= 64 else 256
-    return _CONFIGS[fam][(128 if block_d <= 128 else 256, bucket)]
+    key = (128 if block_d <= 128 else 256, bucket)
+    if kv_bytes == 1 and (fam, key) in _FP8_CONFIGS:
+        block_n, warps, stages = _FP8_CONFIGS[(fam, key)]
+        # 3 stages of 128 fp8 tokens (96 KB at D 128) exceed the 99 KB a block may hold on
+        # sm_86/sm_89 once q's tile is added: one stage fewer there
+        need = stages * block_n * block_d * 2 + 16 * block_d * 2
+        if need > _smem_per_block(device):
+            stages -= 1
+        return block_n, warps, stages
+    return _CONFIGS[fam][key]
+
+
+def _smem_per_block(device):
+    if device.type != "cuda":
+        return 1 << 30  # interpreter: no limit
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", 0) or 99 * 1024
 
 
 def _f16_dot(q_dtype, kv_dtype, device):
-    """Whether a bf16 q over an fp8 cache runs its dots in fp16 (``_decode_kernels._fp16_q``).
+    """Whether a bf16 q over an fp8 cache runs its dots in fp16 (``_decode_kernels._fp16_q``):
+    the default (PAGEDATTN_DECODE_FP8_DOT=bf16 restores bf16 dots; the interpreter always uses
+    fp16: its bf16 tl.dot is wrong, and dispatch.capabilities counts on it).
 
-    The interpreter always does (its bf16 tl.dot is wrong; dispatch.capabilities counts on it).
-    On a GPU only with PAGEDATTN_DECODE_FP8_DOT=f16, until measured there: offline (sm_90,
-    triton 3.6) it cuts the fp8 loop from 82 to 71 instructions per KB of K/V, 58 with
-    64-token tiles (PAGEDATTN_DECODE_CONFIG=64,4,3), against 27 for bf16 caches; the H200 ran
-    fp8 caches at 0.33-0.47 of the read ceiling (bench/results/2026-12-01-h200-s8, call 8).
+    Offline (sm_90, triton 3.6) the fp8 loop goes from 82 to 71 instructions per KB of K/V. H200,
+    session 9 (bench/results/2026-12-01-h200-s9): 1.04-1.17x faster on every 32/8 issue row, e5m2
+    and e4m3, at the same tiles.
     """
+    env = os.environ.get("PAGEDATTN_DECODE_FP8_DOT", "f16")
+    if env not in ("f16", "bf16"):
+        raise ValueError(f"PAGEDATTN_DECODE_FP8_DOT: expected f16 or bf16, got {env!r}")
     if q_dtype != torch.bfloat16 or kv_dtype not in FP8_DTYPES:
         return False
-    return device.type != "cuda" or os.environ.get("PAGEDATTN_DECODE_FP8_DOT", "bf16") == "f16"
+    return env == "f16" or device.type != "cuda"
 
 
 def _num_sms(device):
@@ -200,7 +225,7 @@ def run(call):
     part = call.partition_size or default_partition_size(group)
     block_d = max(16, _next_pow2(d))
     block_m = max(16, _next_pow2(rows))
-    block_n, num_warps, num_stages = _config(block_d, rows, dev)
+    block_n, num_warps, num_stages = _config(block_d, rows, call.k_cache.element_size(), dev)
     if dev.type != "cuda":
         block_n = 16  # interpreter: small tiles so tiny test sequences still span several
     block_n = min(block_n, max(16, part))

@@ -286,10 +286,10 @@ def _extend_fwd(
                 HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
 
     # Epilogue: normalise (sinks join the denominator only), v_scale, store; empty rows -> 0/-inf.
-    sink2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+    sink = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_SINKS:
-        sink2 = tl.load(sinks_ptr + head, mask=hg < GROUP, other=0.0) * _LOG2E
-    o, lse2 = finalize_state(m_i, l_i, acc, sink2, HAS_SINKS)  # [M, D_P], [M]
+        sink = tl.load(sinks_ptr + head, mask=hg < GROUP, other=0.0)
+    o, lse2 = finalize_state(m_i, l_i, acc, sink, HAS_SINKS)  # [M, D_P], [M]
     if KV_FP8:
         o = o * tl.load(vscale_ptr + kvh)
     o_off = (q0 + row_tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
