@@ -13,6 +13,20 @@ HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("PAGEDATTN_VALIDATE", "1")
+# triton.jit picks the interpreter when a kernel is decorated, i.e. when its module is first
+# imported. Import every Triton kernel module now, under this tier's setting: dispatch tests
+# monkeypatch TRITON_INTERPRET and may trigger the first import, which on the H200 left an xdist
+# worker's kernels interpreted for the rest of the run (session 9: a GPU-tier failure, "Cannot
+# call @triton.jit'd outside of the scope of a kernel", and extend tests 3x slower, depending on
+# which tests reached the worker first).
+from pagedattn._triton import triton_available  # noqa: E402
+
+if triton_available():
+    import importlib
+
+    from pagedattn.triton_kernels import _MODULES
+    for _name in _MODULES.values():
+        importlib.import_module(_name)
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
