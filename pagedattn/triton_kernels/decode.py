@@ -59,10 +59,12 @@ _CONFIGS = {
             (256, 16): (32, 4, 1), (256, 64): (32, 4, 1), (256, 256): (16, 8, 1)},
 }
 # fp8 caches (1 byte per element), rows <= 16, D <= 128: tiles of 128 tokens, 4x the bf16 tile's
-# tokens, twice its bytes. H200, session 9 (bench/results/2026-12-01-h200-s9/ab_fp8_*.md, 32/8,
-# both with fp16 dots), against 32-token tiles: block 16 1.05-1.58x faster on every issue row
-# (e5m2; e4m3 alike); block 64 0.96-1.09x (64-token tiles, one page per tile there, were
-# 0.91-1.15x: no rule over both sizes won every row, so one tile serves every block size).
+# tokens, twice its bytes. H200, session 9 (bench/results/2026-12-01-h200-s9), with fp16 dots:
+# against the session-8 default (bf16 dots, 32-token tiles) 1.05-1.72x faster on all 40 e5m2 rows
+# (32/8 and 32/32, blocks 16-128; e4m3 1.05-1.84x). 64-token tiles beat them by up to 17 % on
+# most one-pass rows with block 64 (one page per tile) and by 5-6 % at (128, 512) with block 128,
+# but lose up to 25 % on the other rows; the tile may not follow the launch shape (batch
+# invariance), so one tile serves every block size.
 _FP8_CONFIGS = {("nvidia", (128, 16)): (128, 4, 3)}
 _TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
 MAX_ROWS = 256  # G * Lq rows per program
