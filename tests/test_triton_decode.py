@@ -227,6 +227,20 @@ def test_split_programs_owning_several_partitions_bitwise(device, mode_guard, mo
     _check(b, q, one, one_lse, lens, 1, torch.float32, **o)
 
 
+@pytest.mark.parametrize("name,value", [("PAGEDATTN_DECODE_MAXNREG", "300"),
+                                        ("PAGEDATTN_DECODE_MAXNREG", "lots"),
+                                        ("PAGEDATTN_DECODE_FP8_DOT", "fp8")])
+def test_decode_tuning_knobs_reject_bad_values(device, mode_guard, monkeypatch, name, value):
+    """A tuning knob with a bad value is a clear error before any launch, not a silent default."""
+    gen = torch.Generator().manual_seed(5)
+    b = make_paged_batch([5], num_kv_heads=1, head_dim=32, block_size=16, layout="bhsd",
+                         dtype=torch.float8_e5m2, device=device, gen=gen)
+    q = torch.randn(1, 2, 32, generator=gen).to(device=device, dtype=torch.float16)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        _decode(b, q, mode="one_pass")
+
+
 def test_parts_per_program_rejects_bad_values(device, monkeypatch):
     monkeypatch.setenv("PAGEDATTN_DECODE_PPP", "0")
     with pytest.raises(ValueError, match="PAGEDATTN_DECODE_PPP"):

@@ -128,6 +128,23 @@ def _config(block_d, rows, kv_bytes, device):
     return _CONFIGS[fam][key]
 
 
+def _maxnreg(device):
+    """PAGEDATTN_DECODE_MAXNREG=N (A/B runs, NVIDIA): cap the decode kernel's registers per thread.
+
+    Offline (sm_90, triton 3.6) the fp8 cache's 128-token tiles take 206 registers: 2 programs
+    per SM, where 64-token tiles (146) fit 3 and won the one-pass rows at block 64 by up to 17 %
+    (H200, session 9). At 168 (3 programs) they spill 48-160 bytes. Unset: no cap.
+    """
+    env = os.environ.get("PAGEDATTN_DECODE_MAXNREG")
+    if not env:
+        return {}
+    if not env.isdigit() or not 24 <= int(env) <= 255:
+        raise ValueError(f"PAGEDATTN_DECODE_MAXNREG: expected an integer in [24, 255], got {env!r}")
+    if device.type != "cuda" or getattr(torch.version, "hip", None):
+        return {}  # the interpreter and the AMD backend take no register cap
+    return {"maxnreg": int(env)}
+
+
 def _smem_per_block(device):
     if device.type != "cuda":
         return 1 << 30  # interpreter: no limit
@@ -279,7 +296,7 @@ def run(call):
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
         F16_DOT=_f16_dot(q.dtype, call.k_cache.dtype, dev), BLOCK_M=block_m, num_warps=num_warps,
-        num_stages=num_stages,
+        num_stages=num_stages, **_maxnreg(dev),
         **common)
     if mode == "split" and n_part_max > 1:
         c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)
