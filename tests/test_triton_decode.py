@@ -241,6 +241,17 @@ def test_decode_tuning_knobs_reject_bad_values(device, mode_guard, monkeypatch, 
         _decode(b, q, mode="one_pass")
 
 
+def test_fp8_tile_sheds_a_stage_where_shared_memory_is_short(monkeypatch):
+    """The fp8 128-token tile keeps 3 stages where a block may hold 99 KB (sm_86/89/120) and
+    sheds one where it may not; bf16 caches keep their table config."""
+    monkeypatch.delenv("PAGEDATTN_DECODE_CONFIG", raising=False)
+    cuda = torch.device("cuda")
+    for limit, stages in ((99 * 1024, 3), (227 * 1024, 3), (60 * 1024, 2)):
+        monkeypatch.setattr(PD, "_smem_per_block", lambda device, n=limit: n)
+        assert PD._config(128, 4, 1, cuda) == (128, 4, stages), limit
+    assert PD._config(128, 4, 2, cuda) == PD._CONFIGS["nvidia"][(128, 16)]
+
+
 def test_parts_per_program_rejects_bad_values(device, monkeypatch):
     monkeypatch.setenv("PAGEDATTN_DECODE_PPP", "0")
     with pytest.raises(ValueError, match="PAGEDATTN_DECODE_PPP"):

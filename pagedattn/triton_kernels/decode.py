@@ -119,11 +119,13 @@ def _config(block_d, rows, kv_bytes, device):
     key = (128 if block_d <= 128 else 256, bucket)
     if kv_bytes == 1 and (fam, key) in _FP8_CONFIGS:
         block_n, warps, stages = _FP8_CONFIGS[(fam, key)]
-        # 3 stages of 128 fp8 tokens (96 KB at D 128) exceed the 99 KB a block may hold on
-        # sm_86/sm_89 once q's tile is added: one stage fewer there
-        need = stages * block_n * block_d * 2 + 16 * block_d * 2
-        if need > _smem_per_block(device):
+        # Triton keeps stages - 1 K/V tiles in shared memory (sm_90, triton 3.6: 72 KB at 3
+        # stages, D 128, 8 KB of it q and layout scratch); one stage fewer where a block may
+        # hold less (99 KB on sm_86/89/120: 3 stages fit there too, with room to spare)
+        need = (stages - 1) * block_n * block_d * 2 * kv_bytes + 8 * 1024
+        while stages > 2 and need > _smem_per_block(device):
             stages -= 1
+            need -= block_n * block_d * 2 * kv_bytes
         return block_n, warps, stages
     return _CONFIGS[fam][key]
 
