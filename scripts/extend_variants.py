@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-# (row name, PAGEDATTN_EXTEND_VARIANT, PAGEDATTN_EXTEND_CONFIG "BM,BN,WARPS,STAGES" or None)
+# (row name, PAGEDATTN_EXTEND_VARIANT, PAGEDATTN_EXTEND_CONFIG "BM,BN,WARPS,STAGES" or None
+#  [, PAGEDATTN_EXTEND_MASKED_N])
 ROWS = [
     ("twostage", "twostage", None),  # the two-stage loop, sm_90 tiles (128, 128, 8, 2)
     ("twostage@128x64x8x3", "twostage", "128,64,8,3"),  # the first default (31 %)
@@ -38,21 +39,36 @@ ROWS = [
     ("pipe_fma@128x64x8x3", "pipe_fma", "128,64,8,3"),  # 237 regs, no spill offline
     ("pipe_fma@64x64x4x3", "pipe_fma", "64,64,4,3"),  # one warpgroup, 16 tokens x 4 heads
     ("pipe_fma@64x128x4x3", "pipe_fma", "64,128,4,3"),  # one warpgroup, 2 CTAs per SM
+    ("pipe_fma/m64", "pipe_fma", None, "64"),  # 64-key masked (diagonal) tiles
+    ("pipe_fma/m32", "pipe_fma", None, "32"),
+    ("early", "early", None),  # first ids before any load, no early-exit branch
+    ("early/m64", "early", None, "64"),
+    ("early/m32", "early", None, "32"),
+    ("early@128x64x8x3", "early", "128,64,8,3"),
+    ("early@128x64x8x3/m32", "early", "128,64,8,3", "32"),
+    ("pipe_fma#2", "pipe_fma", None),  # the default again, last: drift within the process
 ]
 
 
-def _env(variant, config):
+_KNOBS = ("PAGEDATTN_EXTEND_CONFIG", "PAGEDATTN_EXTEND_MASKED_N")
+
+
+def _env(variant, config, masked_n=None):
     env = dict(os.environ, PAGEDATTN_EXTEND_VARIANT=variant, PAGEDATTN_VALIDATE="0")
-    env.pop("PAGEDATTN_EXTEND_CONFIG", None)
-    if config:
-        env["PAGEDATTN_EXTEND_CONFIG"] = config
+    for k in _KNOBS:
+        env.pop(k, None)
+    for k, v in zip(_KNOBS, (config, masked_n)):
+        if v:
+            env[k] = v
     return env
 
 
-def _set_env(variant, config):
-    os.environ.update(_env(variant, config))
-    if not config:
-        os.environ.pop("PAGEDATTN_EXTEND_CONFIG", None)
+def _set_env(variant, config, masked_n=None):
+    env = _env(variant, config, masked_n)
+    for k in _KNOBS:
+        if k not in env:
+            os.environ.pop(k, None)
+    os.environ.update(env)
 
 
 def warm(shape_ids):
@@ -74,8 +90,8 @@ def compile_all(rows, shape_ids, jobs):
            f"m.warm([{arg}])"
 
     def one(row):
-        name, variant, config = row
-        r = subprocess.run([sys.executable, "-c", code], env=_env(variant, config), cwd=ROOT,
+        name, *knobs = row
+        r = subprocess.run([sys.executable, "-c", code], env=_env(*knobs), cwd=ROOT,
                            capture_output=True, text=True, timeout=420)
         return name, (None if r.returncode == 0 else r.stderr[-1500:])
     with ThreadPoolExecutor(max_workers=jobs) as ex:
@@ -117,13 +133,13 @@ def main(argv=None) -> int:
         x = BE.make_inputs(batch, prefix, extend, "cuda", torch.bfloat16)
         fl = BE.flops(batch, prefix, extend)
         ref = None
-        for name, variant, config in rows:
+        for name, *knobs in rows:
             rec = dict(shape=f"({batch}, {prefix}, {extend})", row=name)
             if errors.get(name):
                 rec["note"] = "compile failed: " + errors[name].strip().splitlines()[-1][:80]
                 recs.append(rec)
                 continue
-            _set_env(variant, config)
+            _set_env(*knobs)
             try:
                 fn = BE.run_triton(x, extend, a.new_from)
                 out = fn().clone()

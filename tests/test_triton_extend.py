@@ -289,7 +289,8 @@ def _compile_offline(target, variant="twostage", new_from_cache=True):
     from pagedattn.triton_kernels.extend import _extend_fwd
     backend, arch = target.split(":")
     cst = dict(K_X=8, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, GROUP=4, GROUP_P=4,
-               HEAD_DIM=128, HEAD_DIM_P=128, PAGE=16, BLOCK_M=128, BLOCK_N=64, CAUSAL=True,
+               HEAD_DIM=128, HEAD_DIM_P=128, PAGE=16, BLOCK_M=128, BLOCK_N=64, BLOCK_NM=32,
+               CAUSAL=True,
                NEW_FROM_CACHE=new_from_cache, HAS_MASK=False, HAS_WINDOW=False, HAS_CAP=False,
                HAS_ALIBI=False, HAS_SINKS=False, KV_FP8=False, RETURN_LSE=True, IEEE=False,
                VARIANT=VARIANTS[variant])
@@ -326,7 +327,8 @@ def _compile_offline(target, variant="twostage", new_from_cache=True):
 
 
 @pytest.mark.parametrize("target,variant", [("cuda:90", "twostage"), ("hip:gfx942", "twostage")]
-                         + [("cuda:90", v) for v in ("onepass", "pages", "pipe", "pipe_fma")]
+                         + [("cuda:90", v)
+                            for v in ("onepass", "pages", "pipe", "pipe_fma", "early")]
                          + [("hip:gfx942", "pipe_fma"), ("cuda:90", "pipe_fma+k_new")])
 def test_kernel_compiles_for_real_targets(target, variant):
     """The interpreter skips the real compiler (it accepted a non-constexpr global in jit code
@@ -353,7 +355,7 @@ def test_kernel_compiles_for_real_targets(target, variant):
 # A/B loop variants (PAGEDATTN_EXTEND_VARIANT; pagedattn/triton_kernels/_extend_variants.py)
 # ----------------------------------------------------------------------------------------------
 
-VARIANT_NAMES = ["twostage", "onepass", "pages", "pipe", "pipe_fma"]
+VARIANT_NAMES = ["twostage", "onepass", "pages", "pipe", "pipe_fma", "early"]
 # Interpreter tiles are 16 x 16: page 1 (16 ids per tile), 4 (page < tile), 16 (= tile) and
 # 32 (a tile is half a page: start % PAGE != 0). Prefixes off the page and tile grid.
 _OPT_GEN = torch.Generator().manual_seed(3)  # the options' draws: the same every run
@@ -401,6 +403,37 @@ def test_extend_variant_prefix_pass_with_k_new(device, monkeypatch, variant, cas
     assert V.resolve(has_mask=False, has_window=False, page=c["bs"]) \
         == V.VARIANTS[variant], "the variant must actually run for this case"
     run_case(device, seed=50 + case, new_from="k_new", **c)
+
+
+@pytest.mark.parametrize("variant", ["pipe_fma", "early"])
+@pytest.mark.parametrize("case", [0, 1, 3])
+def test_extend_masked_tiles_narrower_than_unmasked(device, monkeypatch, variant, case):
+    """Masked (diagonal) tiles of half the unmasked tile's keys (PAGEDATTN_EXTEND_MASKED_N):
+    32-key unmasked tiles, 16-key masked ones, so the masked range starts mid-tile, and with
+    page 4 and 16 a masked tile holds several pages or part of one."""
+    from pagedattn.triton_kernels import _extend_configs as C
+    from pagedattn.triton_kernels import _extend_variants as V
+    monkeypatch.setenv(V.ENV, variant)
+    monkeypatch.setenv("PAGEDATTN_EXTEND_CONFIG", "32,32,4,1")
+    monkeypatch.setenv("PAGEDATTN_EXTEND_MASKED_N", "16")
+    assert C.masked_tile(C.config_override()) == 16
+    c = VARIANT_CASES[case]
+    run_case(device, seed=70 + case, **c)
+
+
+def test_extend_masked_tile_knob(monkeypatch):
+    """PAGEDATTN_EXTEND_MASKED_N: a power of 2 >= 16, capped at the unmasked tile; junk raises."""
+    from pagedattn.triton_kernels import _extend_configs as C
+    cfg = C.TileConfig(128, 64, 8, 3)
+    monkeypatch.delenv("PAGEDATTN_EXTEND_MASKED_N", raising=False)
+    assert C.masked_tile(cfg) == 64
+    assert C.masked_tile(cfg._replace(block_nm=32)) == 32
+    monkeypatch.setenv("PAGEDATTN_EXTEND_MASKED_N", "128")
+    assert C.masked_tile(cfg) == 64
+    for bad in ("8", "48", "x", "-16"):
+        monkeypatch.setenv("PAGEDATTN_EXTEND_MASKED_N", bad)
+        with pytest.raises(ValueError, match="PAGEDATTN_EXTEND_MASKED_N"):
+            C.masked_tile(cfg)
 
 
 def test_extend_variant_falls_back_and_rejects_unknown(device, monkeypatch):

@@ -79,10 +79,24 @@ def test_gpu_overflow_cache_offsets(device, layout):
 
 @pytest.mark.gpu
 @BF16_SKIP
-@pytest.mark.parametrize("variant", ["twostage", "onepass", "pages", "pipe", "pipe_fma"])
+@pytest.mark.parametrize("variant", ["twostage", "onepass", "pages", "pipe", "pipe_fma", "early"])
 def test_gpu_variant_bf16_real_sizes(device, monkeypatch, variant):
     """Each A/B loop variant at the default GPU tiles (128 x 128): page 16 and page 1."""
     monkeypatch.setenv("PAGEDATTN_EXTEND_VARIANT", variant)
     for bs in (16, 1):
         run_case(device, layout="bhsd", dtype=torch.bfloat16, heads=(32, 8), d=128, bs=bs,
                  prefixes=[1000, 0, 517, 64], extends=[300, 257, 1, 129], seed=23)
+
+
+@pytest.mark.gpu
+@BF16_SKIP
+@pytest.mark.parametrize("variant", ["pipe_fma", "early"])
+@pytest.mark.parametrize("masked_n", ["64", "32"])
+def test_gpu_variant_narrow_masked_tiles(device, monkeypatch, variant, masked_n):
+    """Masked (diagonal) tiles narrower than the 128-key unmasked ones (PAGEDATTN_EXTEND_MASKED_N):
+    prefixes on and off the tile grid, page 16 and page 1."""
+    monkeypatch.setenv("PAGEDATTN_EXTEND_VARIANT", variant)
+    monkeypatch.setenv("PAGEDATTN_EXTEND_MASKED_N", masked_n)
+    for bs in (16, 1):
+        run_case(device, layout="bhsd", dtype=torch.bfloat16, heads=(32, 8), d=128, bs=bs,
+                 prefixes=[1000, 0, 517, 64], extends=[300, 257, 1, 129], seed=29)

@@ -25,6 +25,7 @@ class TileConfig(NamedTuple):
     num_stages: int
     waves_per_eu: int = 0  # AMD only (0 = not passed)
     matrix_instr_nonkdim: int = 0  # AMD only (0 = not passed)
+    block_nm: int = 0  # keys per masked (diagonal) tile of the variant loop (0 = block_n)
 
 
 # family -> head_dim_padded upper bound -> config (the first bound >= D_P wins)
@@ -102,6 +103,22 @@ def config_override() -> "TileConfig | None":
         raise ValueError(f"PAGEDATTN_EXTEND_CONFIG={raw!r}: expected BLOCK_M,BLOCK_N,WARPS,STAGES")
 
 
+def masked_tile(cfg: TileConfig) -> int:
+    """Keys per masked (diagonal) tile of the variant loop: ``PAGEDATTN_EXTEND_MASKED_N`` (A/B
+    runs), else the config's ``block_nm``, else its ``block_n``. A power of 2 >= 16 (tl.dot) that
+    divides block_n, so every tile start stays page- and tile-aligned."""
+    raw = os.environ.get("PAGEDATTN_EXTEND_MASKED_N", "")
+    if raw:
+        if not raw.isdigit():
+            raise ValueError(f"PAGEDATTN_EXTEND_MASKED_N={raw!r}: expected a power of 2 >= 16")
+        n = int(raw)
+        if n < 16 or n & (n - 1):
+            raise ValueError(f"PAGEDATTN_EXTEND_MASKED_N={raw!r}: expected a power of 2 >= 16")
+    else:
+        n = cfg.block_nm or cfg.block_n
+    return min(n, cfg.block_n)
+
+
 def autotune_enabled() -> bool:
     return os.environ.get("PAGEDATTN_AUTOTUNE", "") not in ("", "0")
 
@@ -140,7 +157,7 @@ def autotuned(kernel):
         dev = torch.device("cuda", torch.cuda.current_device())
         cfgs = []
         for c in tune_space(dev, 128):
-            kw = {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}
+            kw = {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_NM": masked_tile(c)}
             if c.waves_per_eu:
                 kw.update(waves_per_eu=c.waves_per_eu, matrix_instr_nonkdim=c.matrix_instr_nonkdim)
             cfgs.append(triton.Config(kw, num_warps=c.num_warps, num_stages=c.num_stages))

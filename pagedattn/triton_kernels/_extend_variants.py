@@ -24,6 +24,9 @@ Ladder (each adds one change; bench/NOTES_extend.md has the offline SASS counts 
             load of the same iteration, so the sm_90 pipeliner keeps K/V multi-buffered
             (async_wait num=2 with 3 stages instead of num=0)
   pipe_fma  + dense-FA2 softmax on unmasked tiles: row max of the raw qk, one FFMA per logit
+  early     + the first tile's block ids loaded before anything else, and no early-exit branch
+            (cu_seqlens -> exit -> seq_lens/ids -> K/V was three dependent round trips before
+            the first tile; cu_seqlens | seq_lens | ids -> K/V is two)
 """
 import os
 
@@ -35,7 +38,7 @@ from pagedattn.triton_kernels._common import (LOG2E, alibi_bias, kv_offset, onli
 
 _LOG2E = tl.constexpr(LOG2E)
 
-VARIANTS = {"twostage": 0, "onepass": 1, "pages": 2, "pipe": 3, "pipe_fma": 4}
+VARIANTS = {"twostage": 0, "onepass": 1, "pages": 2, "pipe": 3, "pipe_fma": 4, "early": 5}
 DEFAULT = "pipe_fma"
 ENV = "PAGEDATTN_EXTEND_VARIANT"
 
@@ -106,7 +109,7 @@ def _rows(ids, start, stride_b: tl.int64, stride_t: tl.int64, PAGE: tl.constexpr
 
 
 @triton.jit
-def _tiles(acc, m_i, l_i, q, lo, hi, lk, row_pos, slope2, qk_scale, logit_cap, bt_row, bt_w,
+def _tiles(acc, m_i, l_i, q, lo, hi, lk, row_pos, slope2, qk_scale, logit_cap, bt_row, nxt,
            kc_h, vc_h, dk, dv, d_ok,
            stride_kb: tl.int64, stride_kt: tl.int64, stride_vb: tl.int64, stride_vt: tl.int64,
            VARIANT: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
@@ -116,16 +119,12 @@ def _tiles(acc, m_i, l_i, q, lo, hi, lk, row_pos, slope2, qk_scale, logit_cap, b
     """Keys [lo, hi) (absolute positions, lo a multiple of BLOCK_N) folded into (acc, m_i, l_i).
 
     kc_h / vc_h: cache base + head offset; dk [D_P, 1] / dv [1, D_P]: int64 dim offsets.
+    nxt: the block ids of the tile at ``lo`` (:func:`_page_ids`; carried-id variants only).
     """
     n_pages = (lk + PAGE - 1) // PAGE
     n = tl.arange(0, BLOCK_N)
     k_dmask = d_ok[:, None]
     v_dmask = d_ok[None, :]
-    if VARIANT >= 3:
-        # the first tile's ids, masked by the table's width only: at lo = 0 this load waits for
-        # nothing (not for lk), one round trip less before the first K/V. Ids past n_pages feed
-        # only masked loads or a loop that does not run (an unmasked tile lies below lk).
-        nxt = _page_ids(bt_row, lo, bt_w, PAGE, BLOCK_N)  # [NP]
     for start in range(lo, hi, BLOCK_N):
         jpos = start + n  # [N] absolute key position
         if VARIANT == 1:  # per-token ids, as the default loop
@@ -156,7 +155,7 @@ def _tiles(acc, m_i, l_i, q, lo, hi, lk, row_pos, slope2, qk_scale, logit_cap, b
             k = k.to(q.dtype)
             v = v.to(q.dtype)
         qk = _dot(q, k, IEEE)  # [M, N] fp32
-        FMA: tl.constexpr = VARIANT == 4 and not MASKED and not HAS_CAP and not HAS_ALIBI
+        FMA: tl.constexpr = VARIANT >= 4 and not MASKED and not HAS_CAP and not HAS_ALIBI
         if FMA:  # every key visible: m_new is finite, no -inf guard needed
             sc = qk_scale * _LOG2E
             m_new = tl.maximum(m_i, tl.max(qk, 1) * sc)  # [M]
@@ -180,18 +179,41 @@ def _tiles(acc, m_i, l_i, q, lo, hi, lk, row_pos, slope2, qk_scale, logit_cap, b
 
 
 @triton.jit
+def first_ids(bt_row, bt_w, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, VARIANT: tl.constexpr):
+    """The block ids of a request's first key tile, for :func:`one_pass` (``early``).
+
+    Masked by the table's width only, so the load needs nothing but the program ids: the kernel
+    issues it before its first load (cu_seqlens) and the first K/V tile is one round trip away
+    from the start. Ids past the request's pages feed only masked loads or a loop that does not
+    run (an unmasked tile lies below lk).
+    """
+    if VARIANT >= 5:
+        ids = _page_ids(bt_row, 0, bt_w, PAGE, BLOCK_N)
+    else:  # unused (the other variants load the first ids in one_pass)
+        ids = tl.zeros([BLOCK_N // PAGE if PAGE < BLOCK_N else 1], tl.int64)
+    return ids
+
+
+@triton.jit
 def one_pass(acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, qk_scale, logit_cap,
-             bt_row, bt_w, kc_ptr, vc_ptr,
+             bt_row, bt_w, ids0, kc_ptr, vc_ptr,
              stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
              stride_kdh: tl.int64, stride_kdl: tl.int64, stride_vb: tl.int64,
              stride_vt: tl.int64, stride_vh: tl.int64, stride_vdh: tl.int64,
              stride_vdl: tl.int64,
              K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr,
              V_LO_ONE: tl.constexpr, VARIANT: tl.constexpr, PAGE: tl.constexpr,
-             BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-             HEAD_DIM_P: tl.constexpr, CAUSAL: tl.constexpr, HAS_CAP: tl.constexpr,
-             HAS_ALIBI: tl.constexpr, KV_FP8: tl.constexpr, IEEE: tl.constexpr):
-    """All keys of one query block in one pass (see the module docstring's diagram)."""
+             BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NM: tl.constexpr,
+             HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, CAUSAL: tl.constexpr,
+             HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, KV_FP8: tl.constexpr,
+             IEEE: tl.constexpr, live):
+    """All keys of one query block in one pass (see the module docstring's diagram). ids0: the
+    first tile's block ids (:func:`first_ids`).
+
+    Unmasked tiles hold BLOCK_N keys, masked ones BLOCK_NM (a divisor of BLOCK_N: the diagonal
+    of a BLOCK_Q-token block spans BLOCK_Q + (position mod BLOCK_N) keys, often far fewer than
+    BLOCK_N). ``live`` false (a block past its request's Lq): no key at all.
+    """
     d = tl.arange(0, HEAD_DIM_P)
     d_ok = d < HEAD_DIM
     zero = kvh * 0  # int64 0: kv_offset wants an int64 block term
@@ -208,12 +230,20 @@ def one_pass(acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, qk_scale,
     else:
         hi = lk
         full = lk // BLOCK_N * BLOCK_N
+    hi = tl.where(live, hi, 0)
+    full = tl.minimum(full, hi)
     PAD_D: tl.constexpr = HEAD_DIM_P != HEAD_DIM
     for MASKED in tl.static_range(2):
+        if MASKED:
+            ids = _page_ids(bt_row, full, bt_w, PAGE, BLOCK_NM)
+        elif VARIANT >= 5:
+            ids = ids0
+        else:
+            ids = _page_ids(bt_row, 0, bt_w, PAGE, BLOCK_N)
         acc, m_i, l_i = _tiles(
             acc, m_i, l_i, q, full if MASKED else 0, hi if MASKED else full, lk, row_pos,
-            slope2, qk_scale, logit_cap, bt_row, bt_w, kc_h, vc_h, dk, dv, d_ok, stride_kb,
-            stride_kt, stride_vb, stride_vt, VARIANT, MASKED == 1, CAUSAL, PAGE, BLOCK_N,
-            PAD_D, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
+            slope2, qk_scale, logit_cap, bt_row, ids, kc_h, vc_h, dk, dv, d_ok, stride_kb,
+            stride_kt, stride_vb, stride_vt, VARIANT, MASKED == 1, CAUSAL, PAGE,
+            BLOCK_NM if MASKED else BLOCK_N, PAD_D, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
     return acc, m_i, l_i
 

@@ -171,6 +171,7 @@ def _extend_fwd(
     K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_NM: tl.constexpr,  # keys per masked (diagonal) tile of the variant loop; divides BLOCK_N
     CAUSAL: tl.constexpr, NEW_FROM_CACHE: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_SINKS: tl.constexpr, KV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
@@ -182,12 +183,19 @@ def _extend_fwd(
     b = tl.program_id(2)
     kvh = tl.program_id(1).to(tl.int64)
     mblk = tl.num_programs(0) - 1 - tl.program_id(0)  # last query block first (most keys)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    ids0 = V.first_ids(bt_row, bt_w, PAGE, BLOCK_N, VARIANT)  # ``early``: before any load
     q0 = tl.load(cu_ptr + b).to(tl.int64)
     lq = tl.load(cu_ptr + b + 1).to(tl.int64) - q0
     tok0 = mblk * BLOCK_Q
-    if tok0 >= lq:
-        return
     lk = tl.load(lens_ptr + b).to(tl.int64)
+    # NOTE ``early`` has no early exit: the branch held lk and the first tile's block ids behind
+    # the round trip for cu_seqlens (three dependent round trips before the first K/V tile, two
+    # without it). A program past its request's Lq instead runs an empty key range (one_pass's
+    # `live`) with every q load and store masked off.
+    if VARIANT < 5 or not NEW_FROM_CACHE:
+        if tok0 >= lq:
+            return
     prefix = lk - lq
     rows = tl.arange(0, BLOCK_M)
     row_tok = tok0 + rows // GROUP_P  # [M] query index within the request
@@ -215,7 +223,6 @@ def _extend_fwd(
     mask_row = tl.zeros([BLOCK_M], dtype=tl.int64)
     if HAS_MASK:
         mask_row = tl.load(mask_indptr_ptr + b).to(tl.int64) + row_tok * lk  # [M]
-    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -224,10 +231,10 @@ def _extend_fwd(
     if VARIANT != 0 and NEW_FROM_CACHE:  # no custom mask or window: one pass (launcher checks)
         acc, m_i, l_i = V.one_pass(
             acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, scale_1, logit_cap, bt_row,
-            bt_w, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
+            bt_w, ids0, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
             stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
-            V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, HEAD_DIM, HEAD_DIM_P, CAUSAL, HAS_CAP,
-            HAS_ALIBI, KV_FP8, IEEE)
+            V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, BLOCK_NM, HEAD_DIM, HEAD_DIM_P, CAUSAL,
+            HAS_CAP, HAS_ALIBI, KV_FP8, IEEE, tok0 < lq)
     else:
         # A window hides keys j <= p - W from every row once p >= tok0's position: skip those
         # tiles.
@@ -246,10 +253,10 @@ def _extend_fwd(
             # the keys [0, prefix), all visible to every row: one_pass without the causal rule
             acc, m_i, l_i = V.one_pass(
                 acc, m_i, l_i, q, prefix, tok0, prefix, kvh, row_pos, slope2, scale_1, logit_cap,
-                bt_row, bt_w, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh,
+                bt_row, bt_w, ids0, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh,
                 stride_kdl, stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT,
-                K_LO_ONE, V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, HEAD_DIM, HEAD_DIM_P, False,
-                HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
+                K_LO_ONE, V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, BLOCK_NM, HEAD_DIM,
+                HEAD_DIM_P, False, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE, True)
         else:
             full1 = lo1 if ANY_MASK else prefix // BLOCK_N * BLOCK_N
             for MASKED in tl.static_range(2):
@@ -387,6 +394,7 @@ def run(call):
         if c.waves_per_eu and C.is_hip(q.device):
             extra = dict(waves_per_eu=c.waves_per_eu, matrix_instr_nonkdim=c.matrix_instr_nonkdim)
         grid = (triton.cdiv(max_q, c.block_m // group_p), hkv, nseq)
-        _extend_fwd[grid](**args, BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps,
+        _extend_fwd[grid](**args, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+                          BLOCK_NM=C.masked_tile(c), num_warps=c.num_warps,
                           num_stages=c.num_stages, **extra)
     return lse if call.return_lse else None
