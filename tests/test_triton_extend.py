@@ -384,7 +384,7 @@ def test_extend_variant(device, monkeypatch, variant, case):
     assert V.resolve(has_mask=False, has_window=False, page=c["bs"]) \
         == V.VARIANTS[variant], "the variant must actually run for this case"
     monkeypatch.delenv(V.ENV)
-    assert V.requested() == V.DEFAULT == "pipe_fma"  # unset: the measured winner
+    assert V.requested() == V.DEFAULT == "early"  # unset: the measured winner
     monkeypatch.setenv(V.ENV, variant)
     run_case(device, seed=30 + case, **c)
 

@@ -1,9 +1,13 @@
 """Key-loop variants of the extend kernel (``PAGEDATTN_EXTEND_VARIANT``).
 
-Scope: no custom mask, no window, a power-of-2 page. Those calls run ``pipe_fma`` by default
-(the H200 A/B of 2026-11-30, triton 3.6, bench/results/2026-11-30-h200-s3/extend_variants.md:
-41-54 % of the matmul rate against 35-42 % for ``onepass`` and 32-39 % for the two-stage loop);
-calls with k_new/v_new run it over their cached prefix, then the two-stage loop's new-key stage
+Scope: no custom mask, no window, a power-of-2 page. Those calls run ``early`` by default, with
+64-key masked (diagonal) tiles on sm_90 (``_extend_configs``: ``block_nm``). H200, triton 3.6,
+session 10 (bench/results/2026-12-01-h200-s10/extend_variants_03f9a32.md), % of the matmul rate on
+the four issue shapes: ``pipe_fma`` 53.4-54.2 / 41.4 / 43.6 / 51.5-51.7, ``early`` 54.0 / 41.6 /
+43.5 / 51.9 (the same within noise), with 64-key masked tiles 57.1 / 45.6 / 47.1 / 55.5; 32-key
+masked tiles lose (39-46). Earlier: ``pipe_fma`` 41-54 % against 35-42 % for ``onepass`` and
+32-39 % for the two-stage loop (bench/results/2026-11-30-h200-s3/extend_variants.md). Calls with
+k_new/v_new run the variant over their cached prefix, then the two-stage loop's new-key stage
 (bench/results/2026-11-30-h200-s4/extend_variants_k_new.md: 40-54 % against 33-51 %). Every
 other call runs the two-stage loop of ``extend.py`` (``twostage``; launcher: :func:`resolve`).
 ``default`` names :data:`DEFAULT`.
@@ -39,7 +43,7 @@ from pagedattn.triton_kernels._common import (LOG2E, alibi_bias, kv_offset, onli
 _LOG2E = tl.constexpr(LOG2E)
 
 VARIANTS = {"twostage": 0, "onepass": 1, "pages": 2, "pipe": 3, "pipe_fma": 4, "early": 5}
-DEFAULT = "pipe_fma"
+DEFAULT = "early"
 ENV = "PAGEDATTN_EXTEND_VARIANT"
 
 
