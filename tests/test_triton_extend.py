@@ -329,7 +329,8 @@ def _compile_offline(target, variant="twostage", new_from_cache=True):
 @pytest.mark.parametrize("target,variant", [("cuda:90", "twostage"), ("hip:gfx942", "twostage")]
                          + [("cuda:90", v)
                             for v in ("onepass", "pages", "pipe", "pipe_fma", "early")]
-                         + [("hip:gfx942", "pipe_fma"), ("cuda:90", "pipe_fma+k_new")])
+                         + [("hip:gfx942", "pipe_fma"), ("hip:gfx942", "early"),
+                            ("cuda:90", "pipe_fma+k_new"), ("cuda:90", "early+k_new")])
 def test_kernel_compiles_for_real_targets(target, variant):
     """The interpreter skips the real compiler (it accepted a non-constexpr global in jit code
     that the compiler rejects): compile offline for sm_90 and gfx942, no GPU needed."""
