@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 # (row name, PAGEDATTN_EXTEND_VARIANT, PAGEDATTN_EXTEND_CONFIG "BM,BN,WARPS,STAGES" or None
-#  [, PAGEDATTN_EXTEND_MASKED_N])
+#  [, PAGEDATTN_EXTEND_MASKED_N[, PAGEDATTN_EXTEND_MAXNREG]])
 ROWS = [
     ("twostage", "twostage", None),  # the two-stage loop, sm_90 tiles (128, 128, 8, 2)
     ("twostage@128x64x8x3", "twostage", "128,64,8,3"),  # the first default (31 %)
@@ -46,25 +46,29 @@ ROWS = [
     ("early/m32", "early", None, "32"),
     ("early@128x64x8x3", "early", "128,64,8,3"),
     ("early@128x64x8x3/m32", "early", "128,64,8,3", "32"),
+    # 128 registers: two 8-warp programs per SM (80-96 KB of shared memory each), one's
+    # softmax under the other's dots; 32-key tiles (64 need 131 KB)
+    ("early@128x32x8x3+r128", "early", "128,32,8,3", None, "128"),
+    ("early@128x32x8x4+r128", "early", "128,32,8,4", None, "128"),
     ("pipe_fma#2", "pipe_fma", None),  # the default again, last: drift within the process
 ]
 
 
-_KNOBS = ("PAGEDATTN_EXTEND_CONFIG", "PAGEDATTN_EXTEND_MASKED_N")
+_KNOBS = ("PAGEDATTN_EXTEND_CONFIG", "PAGEDATTN_EXTEND_MASKED_N", "PAGEDATTN_EXTEND_MAXNREG")
 
 
-def _env(variant, config, masked_n=None):
+def _env(variant, config, masked_n=None, maxnreg=None):
     env = dict(os.environ, PAGEDATTN_EXTEND_VARIANT=variant, PAGEDATTN_VALIDATE="0")
     for k in _KNOBS:
         env.pop(k, None)
-    for k, v in zip(_KNOBS, (config, masked_n)):
+    for k, v in zip(_KNOBS, (config, masked_n, maxnreg)):
         if v:
             env[k] = v
     return env
 
 
-def _set_env(variant, config, masked_n=None):
-    env = _env(variant, config, masked_n)
+def _set_env(variant, config, masked_n=None, maxnreg=None):
+    env = _env(variant, config, masked_n, maxnreg)
     for k in _KNOBS:
         if k not in env:
             os.environ.pop(k, None)

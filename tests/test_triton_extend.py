@@ -437,6 +437,20 @@ def test_extend_masked_tile_knob(monkeypatch):
             C.masked_tile(cfg)
 
 
+def test_extend_maxnreg_knob(monkeypatch):
+    """PAGEDATTN_EXTEND_MAXNREG: validated before any launch; never passed to the interpreter."""
+    from pagedattn.triton_kernels import _extend_configs as C
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("PAGEDATTN_EXTEND_MAXNREG", raising=False)
+    assert C.maxnreg_override(cpu) == {}
+    monkeypatch.setenv("PAGEDATTN_EXTEND_MAXNREG", "128")
+    assert C.maxnreg_override(cpu) == {}
+    for bad in ("0", "256", "x", "-1"):
+        monkeypatch.setenv("PAGEDATTN_EXTEND_MAXNREG", bad)
+        with pytest.raises(ValueError, match="PAGEDATTN_EXTEND_MAXNREG"):
+            C.maxnreg_override(cpu)
+
+
 def test_extend_variant_falls_back_and_rejects_unknown(device, monkeypatch):
     """A window, a custom mask or a page that is not a power of 2 run the two-stage loop, and so
     does ``twostage`` by name; an unknown name is an error."""

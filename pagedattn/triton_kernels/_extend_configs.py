@@ -121,6 +121,19 @@ def masked_tile(cfg: TileConfig) -> int:
     return min(n, cfg.block_n)
 
 
+def maxnreg_override(device: torch.device) -> dict:
+    """``PAGEDATTN_EXTEND_MAXNREG=N`` (A/B runs, NVIDIA): cap the kernel's registers per thread,
+    e.g. 128 so that two 8-warp programs share an SM. Unset: no cap ({})."""
+    raw = os.environ.get("PAGEDATTN_EXTEND_MAXNREG", "")
+    if not raw:
+        return {}
+    if not raw.isdigit() or not 24 <= int(raw) <= 255:
+        raise ValueError(f"PAGEDATTN_EXTEND_MAXNREG={raw!r}: expected an integer in [24, 255]")
+    if device.type != "cuda" or getattr(torch.version, "hip", None):
+        return {}  # the interpreter and the AMD backend take no register cap
+    return {"maxnreg": int(raw)}
+
+
 def autotune_enabled() -> bool:
     return os.environ.get("PAGEDATTN_AUTOTUNE", "") not in ("", "0")
 

@@ -390,7 +390,7 @@ def run(call):
     else:
         c = V.tile_config(C.default_config(q.device, d_p, group_p, max_q), args["VARIANT"],
                           C.family_of(q.device), q.element_size())
-        extra = {}
+        extra = C.maxnreg_override(q.device)
         if c.waves_per_eu and C.is_hip(q.device):
             extra = dict(waves_per_eu=c.waves_per_eu, matrix_instr_nonkdim=c.matrix_instr_nonkdim)
         grid = (triton.cdiv(max_q, c.block_m // group_p), hkv, nseq)
