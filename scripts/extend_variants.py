@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 # (row name, PAGEDATTN_EXTEND_VARIANT, PAGEDATTN_EXTEND_CONFIG "BM,BN,WARPS,STAGES" or None
-#  [, PAGEDATTN_EXTEND_MASKED_N[, PAGEDATTN_EXTEND_MAXNREG[, PAGEDATTN_EXTEND_PERSIST]]])
+#  [, PAGEDATTN_EXTEND_MASKED_N[, PAGEDATTN_EXTEND_MAXNREG]])
 ROWS = [
     ("twostage", "twostage", None),  # the two-stage loop, sm_90 tiles (128, 128, 8, 2)
     ("twostage@128x64x8x3", "twostage", "128,64,8,3"),  # the first default (31 %)
@@ -50,31 +50,25 @@ ROWS = [
     # softmax under the other's dots; 32-key tiles (64 need 131 KB)
     ("early@128x32x8x3+r128", "early", "128,32,8,3", None, "128"),
     ("early@128x32x8x4+r128", "early", "128,32,8,4", None, "128"),
-    # one program per SM walking the (query block, KV head, request) items; + the next item's
-    # scalar loads issued before this item's tiles
-    ("early+persist", "early", None, None, None, "sm"),
-    ("early+persist:pre", "early", None, None, None, "sm:pre"),
-    ("early#2", "early", None),
     ("pipe_fma#2", "pipe_fma", None),  # the default again, last: drift within the process
 ]
 
 
-_KNOBS = ("PAGEDATTN_EXTEND_CONFIG", "PAGEDATTN_EXTEND_MASKED_N", "PAGEDATTN_EXTEND_MAXNREG",
-          "PAGEDATTN_EXTEND_PERSIST")
+_KNOBS = ("PAGEDATTN_EXTEND_CONFIG", "PAGEDATTN_EXTEND_MASKED_N", "PAGEDATTN_EXTEND_MAXNREG")
 
 
-def _env(variant, config, masked_n=None, maxnreg=None, persist=None):
+def _env(variant, config, masked_n=None, maxnreg=None):
     env = dict(os.environ, PAGEDATTN_EXTEND_VARIANT=variant, PAGEDATTN_VALIDATE="0")
     for k in _KNOBS:
         env.pop(k, None)
-    for k, v in zip(_KNOBS, (config, masked_n, maxnreg, persist)):
+    for k, v in zip(_KNOBS, (config, masked_n, maxnreg)):
         if v:
             env[k] = v
     return env
 
 
-def _set_env(variant, config, masked_n=None, maxnreg=None, persist=None):
-    env = _env(variant, config, masked_n, maxnreg, persist)
+def _set_env(variant, config, masked_n=None, maxnreg=None):
+    env = _env(variant, config, masked_n, maxnreg)
     for k in _KNOBS:
         if k not in env:
             os.environ.pop(k, None)

@@ -277,7 +277,7 @@ def test_harness_would_catch_a_zero_output(device):
         assert_attn_close(torch.zeros_like(res), res, torch.float32)
 
 
-def _compile_offline(target, variant="twostage", new_from_cache=True, persist=0):
+def _compile_offline(target, variant="twostage", new_from_cache=True):
     """Compile the sm_90 default config (bf16, D 128, group 4, page 16) for a real target.
 
     Runs in a subprocess without TRITON_INTERPRET (the interpreter replaces @triton.jit)."""
@@ -293,7 +293,7 @@ def _compile_offline(target, variant="twostage", new_from_cache=True, persist=0)
                CAUSAL=True,
                NEW_FROM_CACHE=new_from_cache, HAS_MASK=False, HAS_WINDOW=False, HAS_CAP=False,
                HAS_ALIBI=False, HAS_SINKS=False, KV_FP8=False, RETURN_LSE=True, IEEE=False,
-               VARIANT=VARIANTS[variant], PERSIST=persist)
+               VARIANT=VARIANTS[variant])
     ptr = {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32", "mask_ptr": "*u8",
            "mask_indptr_ptr": "*i32", "lse_ptr": "*fp32", "kscale_ptr": "*fp32",
            "vscale_ptr": "*fp32", "alibi_ptr": "*fp32", "sinks_ptr": "*fp32"}
@@ -330,8 +330,7 @@ def _compile_offline(target, variant="twostage", new_from_cache=True, persist=0)
                          + [("cuda:90", v)
                             for v in ("onepass", "pages", "pipe", "pipe_fma", "early")]
                          + [("hip:gfx942", "pipe_fma"), ("hip:gfx942", "early"),
-                            ("cuda:90", "pipe_fma+k_new"), ("cuda:90", "early+k_new"),
-                            ("cuda:90", "early+persist"), ("cuda:90", "early+persist2")])
+                            ("cuda:90", "pipe_fma+k_new"), ("cuda:90", "early+k_new")])
 def test_kernel_compiles_for_real_targets(target, variant):
     """The interpreter skips the real compiler (it accepted a non-constexpr global in jit code
     that the compiler rejects): compile offline for sm_90 and gfx942, no GPU needed."""
@@ -346,10 +345,9 @@ def test_kernel_compiles_for_real_targets(target, variant):
     here = os.path.dirname(os.path.abspath(__file__))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), here, env.get("PYTHONPATH", "")])
-    name, _, extra = variant.partition("+")
+    name, _, k_new = variant.partition("+")
     r = subprocess.run([sys.executable, "-c", "import test_triton_extend as t; "
-                        f"t._compile_offline({target!r}, {name!r}, {extra != 'k_new'}, "
-                        f"{dict(persist=1, persist2=2).get(extra, 0)})"], env=env,
+                        f"t._compile_offline({target!r}, {name!r}, {not k_new})"], env=env,
                        cwd=here, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -422,34 +420,6 @@ def test_extend_masked_tiles_narrower_than_unmasked(device, monkeypatch, variant
     assert C.masked_tile(C.config_override()) == 16
     c = VARIANT_CASES[case]
     run_case(device, seed=70 + case, **c)
-
-
-@pytest.mark.parametrize("programs", ["3", "sm", "3:pre", "sm:pre"])
-@pytest.mark.parametrize("case", range(len(VARIANT_CASES)))
-def test_extend_persistent_programs(device, monkeypatch, programs, case):
-    """PAGEDATTN_EXTEND_PERSIST: a few programs walk every (query block, KV head, request) item,
-    ragged requests included (items past a request's Lq run no key and store nothing)."""
-    from pagedattn.triton_kernels import _extend_variants as V
-    monkeypatch.setenv(V.ENV, "early")
-    monkeypatch.setenv("PAGEDATTN_EXTEND_PERSIST", programs)
-    run_case(device, seed=90 + case, **VARIANT_CASES[case])
-    if case == 0:  # k_new/v_new calls keep the plain grid
-        run_case(device, seed=95, new_from="k_new", **VARIANT_CASES[case])
-
-
-def test_extend_persist_knob(monkeypatch):
-    from pagedattn.triton_kernels import _extend_configs as C
-    cpu = torch.device("cpu")
-    monkeypatch.delenv("PAGEDATTN_EXTEND_PERSIST", raising=False)
-    assert C.persistent_programs(cpu) == (0, False)
-    monkeypatch.setenv("PAGEDATTN_EXTEND_PERSIST", "5")
-    assert C.persistent_programs(cpu) == (5, False)
-    monkeypatch.setenv("PAGEDATTN_EXTEND_PERSIST", "5:pre")
-    assert C.persistent_programs(cpu) == (5, True)
-    for bad in ("all", "5:post", "sm:"):
-        monkeypatch.setenv("PAGEDATTN_EXTEND_PERSIST", bad)
-        with pytest.raises(ValueError, match="PAGEDATTN_EXTEND_PERSIST"):
-            C.persistent_programs(cpu)
 
 
 def test_extend_masked_tile_knob(monkeypatch):

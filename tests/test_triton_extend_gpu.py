@@ -100,16 +100,3 @@ def test_gpu_variant_narrow_masked_tiles(device, monkeypatch, variant, masked_n)
     for bs in (16, 1):
         run_case(device, layout="bhsd", dtype=torch.bfloat16, heads=(32, 8), d=128, bs=bs,
                  prefixes=[1000, 0, 517, 64], extends=[300, 257, 1, 129], seed=29)
-
-
-@pytest.mark.gpu
-@BF16_SKIP
-@pytest.mark.parametrize("programs", ["sm", "sm:pre", "7"])
-def test_gpu_persistent_programs_bf16_real_sizes(device, monkeypatch, programs):
-    """PAGEDATTN_EXTEND_PERSIST: programs walking (query block, KV head, request) items at the
-    default GPU tiles, ragged requests (items past a request's Lq), page 16 and page 1."""
-    monkeypatch.setenv("PAGEDATTN_EXTEND_VARIANT", "early")
-    monkeypatch.setenv("PAGEDATTN_EXTEND_PERSIST", programs)
-    for bs in (16, 1):
-        run_case(device, layout="bhsd", dtype=torch.bfloat16, heads=(32, 8), d=128, bs=bs,
-                 prefixes=[1000, 0, 517, 64], extends=[300, 257, 1, 129], seed=31)

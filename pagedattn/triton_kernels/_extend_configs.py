@@ -134,25 +134,6 @@ def maxnreg_override(device: torch.device) -> dict:
     return {"maxnreg": int(raw)}
 
 
-def persistent_programs(device: torch.device) -> "tuple[int, bool]":
-    """``PAGEDATTN_EXTEND_PERSIST`` (A/B runs): (programs, prefetch). 0 / unset: one program per
-    query block; ``sm``: one per multiprocessor, each walking its share of the blocks; N: N
-    programs. A ``:pre`` suffix loads the next item's scalars before this item's tiles."""
-    raw = os.environ.get("PAGEDATTN_EXTEND_PERSIST", "")
-    count, sep, pre = raw.partition(":")
-    if sep and pre != "pre":
-        raise ValueError(f"PAGEDATTN_EXTEND_PERSIST={raw!r}: expected 0, sm or N[:pre]")
-    if count in ("", "0"):
-        return 0, False
-    if count == "sm":
-        if device.type != "cuda":
-            return 4, pre == "pre"  # the interpreter: a few programs, several items each
-        return torch.cuda.get_device_properties(device).multi_processor_count, pre == "pre"
-    if not count.isdigit():
-        raise ValueError(f"PAGEDATTN_EXTEND_PERSIST={raw!r}: expected 0, sm or N[:pre]")
-    return int(count), pre == "pre"
-
-
 def autotune_enabled() -> bool:
     return os.environ.get("PAGEDATTN_AUTOTUNE", "") not in ("", "0")
 

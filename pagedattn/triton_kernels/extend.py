@@ -146,21 +146,7 @@ def _stage(acc, m_i, l_i, q, lo, hi, n_keys, key_base, row_pos, row_ok, slope2, 
 # ----------------------------------------------------------------------------------------------
 
 @triton.jit
-def _item_meta(b, bt_ptr, cu_ptr, lens_ptr, bt_w, stride_bt: tl.int64, PAGE: tl.constexpr,
-               BLOCK_N: tl.constexpr, VARIANT: tl.constexpr):
-    """Request b's first tile block ids (``early`` only), first query row, Lq and Lk: every
-    scalar load a query block needs before its first K/V tile, issued together."""
-    ids0 = V.first_ids(bt_ptr + b.to(tl.int64) * stride_bt, bt_w, PAGE, BLOCK_N, VARIANT)
-    q0 = tl.load(cu_ptr + b).to(tl.int64)
-    lq = tl.load(cu_ptr + b + 1).to(tl.int64) - q0
-    lk = tl.load(lens_ptr + b).to(tl.int64)
-    return ids0, q0, lq, lk
-
-
-@triton.jit
-def _extend_block(
-    b, kvh, mblk,  # request, KV head (int64), query block of this program (or item)
-    ids0, q0, lq, lk,  # _item_meta(b)
+def _extend_fwd(
     q_ptr,  # [T, Hq, D]
     kn_ptr, vn_ptr,  # [T, Hkv, D] k_new / v_new (q_ptr as a dummy when the cache holds them)
     kc_ptr, vc_ptr,  # paged K / V caches, any layout (addressed through kv_offset)
@@ -181,6 +167,7 @@ def _extend_block(
     stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64, stride_kdh: tl.int64,
     stride_kdl: tl.int64, stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
     stride_vdh: tl.int64, stride_vdl: tl.int64,
+    tune_class,  # autotuning key only (shape class of the call)
     K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -193,8 +180,15 @@ def _extend_block(
     # Preconditions (launcher): BLOCK_M % GROUP_P == 0, GROUP <= GROUP_P, HEAD_DIM <= HEAD_DIM_P,
     # powers of 2 for every tile dim, q/out/k_new last dim contiguous, 0 <= Lq <= Lk.
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_P
+    b = tl.program_id(2)
+    kvh = tl.program_id(1).to(tl.int64)
+    mblk = tl.num_programs(0) - 1 - tl.program_id(0)  # last query block first (most keys)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    ids0 = V.first_ids(bt_row, bt_w, PAGE, BLOCK_N, VARIANT)  # ``early``: before any load
+    q0 = tl.load(cu_ptr + b).to(tl.int64)
+    lq = tl.load(cu_ptr + b + 1).to(tl.int64) - q0
     tok0 = mblk * BLOCK_Q
+    lk = tl.load(lens_ptr + b).to(tl.int64)
     # NOTE ``early`` has no early exit: the branch held lk and the first tile's block ids behind
     # the round trip for cu_seqlens (three dependent round trips before the first K/V tile, two
     # without it). A program past its request's Lq instead runs an empty key range (one_pass's
@@ -311,87 +305,6 @@ def _extend_block(
         tl.store(lse_ptr + (q0 + row_tok) * stride_lt + head * stride_lh, lse2 * _LN2, mask=row_ok)
 
 
-@triton.jit
-def _extend_fwd(
-    q_ptr,  # [T, Hq, D]
-    kn_ptr, vn_ptr,  # [T, Hkv, D] k_new / v_new (q_ptr as a dummy when the cache holds them)
-    kc_ptr, vc_ptr,  # paged K / V caches, any layout (addressed through kv_offset)
-    out_ptr,  # [T, Hq, D]
-    lse_ptr,  # [T, Hq] float32 (dummy unless RETURN_LSE)
-    bt_ptr,  # int32 [B, max_blocks]
-    cu_ptr,  # int32 [B + 1] query row offsets
-    lens_ptr,  # int32 [B] Lk
-    mask_ptr,  # uint8 flat custom mask (dummy unless HAS_MASK)
-    mask_indptr_ptr,  # int32 [B + 1]
-    kscale_ptr, vscale_ptr,  # float32 [Hkv] (dummy unless KV_FP8)
-    alibi_ptr, sinks_ptr,  # float32 [Hq] (dummy unless HAS_ALIBI / HAS_SINKS)
-    sm_scale, logit_cap, window,
-    bt_w,  # block-table width (entries per row)
-    stride_qt: tl.int64, stride_qh: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
-    stride_nt: tl.int64, stride_nh: tl.int64, stride_lt: tl.int64, stride_lh: tl.int64,
-    stride_bt: tl.int64,
-    stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64, stride_kdh: tl.int64,
-    stride_kdl: tl.int64, stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
-    stride_vdh: tl.int64, stride_vdl: tl.int64,
-    tune_class,  # autotuning key only (shape class of the call)
-    n_blk, n_kvh, n_items,  # query blocks per request (grid axis 0), KV heads, work items
-    K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
-    GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_P: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_NM: tl.constexpr,  # keys per masked (diagonal) tile of the variant loop; divides BLOCK_N
-    CAUSAL: tl.constexpr, NEW_FROM_CACHE: tl.constexpr, HAS_MASK: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_SINKS: tl.constexpr, KV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
-    VARIANT: tl.constexpr,  # 0: the loop below; else an A/B variant (_extend_variants.py)
-    PERSIST: tl.constexpr,  # 0; 1: programs walk items (early, cache-only); 2: + prefetch
-):
-    """Grid (cdiv(max Lq, BLOCK_Q), Hkv, B): one query block per program, last block first (most
-    keys). PERSIST: grid (programs,), program p takes items p, p + programs, ... in the order the
-    plain grid launches them (query block fastest, last first; then KV head, then request), so
-    the programs running at one time still share their requests' K/V in L2."""
-    if PERSIST:
-        G = tl.num_programs(0)
-        if PERSIST == 2:  # the first item's scalars; later items' come one item ahead
-            ids0, q0, lq, lk = _item_meta(tl.program_id(0) // n_blk // n_kvh, bt_ptr, cu_ptr,
-                                          lens_ptr, bt_w, stride_bt, PAGE, BLOCK_N, VARIANT)
-        for item in range(tl.program_id(0), n_items, G):
-            rest = item // n_blk
-            b = rest // n_kvh
-            if PERSIST == 2:  # the next item's scalar loads go out before this item's tiles
-                nb = tl.minimum(item + G, n_items - 1) // n_blk // n_kvh
-                n_ids0, n_q0, n_lq, n_lk = _item_meta(nb, bt_ptr, cu_ptr, lens_ptr, bt_w, stride_bt,
-                                                      PAGE, BLOCK_N, VARIANT)
-            else:
-                ids0, q0, lq, lk = _item_meta(b, bt_ptr, cu_ptr, lens_ptr, bt_w, stride_bt, PAGE,
-                                              BLOCK_N, VARIANT)
-            _extend_block(
-                b, (rest % n_kvh).to(tl.int64), n_blk - 1 - item % n_blk,
-                ids0, q0, lq, lk, q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, bt_ptr,
-                cu_ptr, lens_ptr, mask_ptr, mask_indptr_ptr, kscale_ptr, vscale_ptr, alibi_ptr,
-                sinks_ptr, sm_scale, logit_cap, window, bt_w, stride_qt, stride_qh, stride_ot,
-                stride_oh, stride_nt, stride_nh, stride_lt, stride_lh, stride_bt, stride_kb,
-                stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh,
-                stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, GROUP, GROUP_P, HEAD_DIM,
-                HEAD_DIM_P, PAGE, BLOCK_M, BLOCK_N, BLOCK_NM, CAUSAL, NEW_FROM_CACHE, HAS_MASK,
-                HAS_WINDOW, HAS_CAP, HAS_ALIBI, HAS_SINKS, KV_FP8, RETURN_LSE, IEEE, VARIANT)
-            if PERSIST == 2:
-                ids0, q0, lq, lk = n_ids0, n_q0, n_lq, n_lk
-    else:
-        b = tl.program_id(2)
-        ids0, q0, lq, lk = _item_meta(b, bt_ptr, cu_ptr, lens_ptr, bt_w, stride_bt, PAGE, BLOCK_N,
-                                      VARIANT)
-        _extend_block(
-            b, tl.program_id(1).to(tl.int64), tl.num_programs(0) - 1 - tl.program_id(0),
-            ids0, q0, lq, lk, q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, bt_ptr,
-            cu_ptr, lens_ptr, mask_ptr, mask_indptr_ptr, kscale_ptr, vscale_ptr, alibi_ptr,
-            sinks_ptr, sm_scale, logit_cap, window, bt_w, stride_qt, stride_qh, stride_ot,
-            stride_oh, stride_nt, stride_nh, stride_lt, stride_lh, stride_bt, stride_kb, stride_kt,
-            stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh, stride_vdh,
-            stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, GROUP, GROUP_P, HEAD_DIM, HEAD_DIM_P,
-            PAGE, BLOCK_M, BLOCK_N, BLOCK_NM, CAUSAL, NEW_FROM_CACHE, HAS_MASK, HAS_WINDOW, HAS_CAP,
-            HAS_ALIBI, HAS_SINKS, KV_FP8, RETURN_LSE, IEEE, VARIANT)
-
-
 # ----------------------------------------------------------------------------------------------
 # launcher
 # ----------------------------------------------------------------------------------------------
@@ -459,7 +372,6 @@ def run(call):
         stride_kb=ks.block, stride_kt=ks.token, stride_kh=ks.head, stride_kdh=ks.dim_hi,
         stride_kdl=ks.dim_lo, stride_vb=vs.block, stride_vt=vs.token, stride_vh=vs.head,
         stride_vdh=vs.dim_hi, stride_vdl=vs.dim_lo, tune_class=C.shape_class(t, max_q),
-        n_kvh=hkv,
         K_X=ks.x, K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1,
         GROUP=group, GROUP_P=group_p, HEAD_DIM=d, HEAD_DIM_P=d_p, PAGE=g.block_size,
         CAUSAL=bool(call.causal), NEW_FROM_CACHE=call.k_new is None, HAS_MASK=mask is not None,
@@ -474,23 +386,15 @@ def run(call):
     # grid = (cdiv(max_q, BLOCK_Q), Hkv, B) with BLOCK_Q = BLOCK_M // GROUP_P query tokens.
     if C.autotune_enabled() and q.is_cuda:
         grid = lambda meta: (triton.cdiv(max_q, meta["BLOCK_M"] // group_p), hkv, nseq)  # noqa
-        C.autotuned(_extend_fwd)[grid](**args, n_blk=0, n_items=0, PERSIST=0)
+        C.autotuned(_extend_fwd)[grid](**args)
     else:
         c = V.tile_config(C.default_config(q.device, d_p, group_p, max_q), args["VARIANT"],
                           C.family_of(q.device), q.element_size())
         extra = C.maxnreg_override(q.device)
         if c.waves_per_eu and C.is_hip(q.device):
             extra = dict(waves_per_eu=c.waves_per_eu, matrix_instr_nonkdim=c.matrix_instr_nonkdim)
-        n_blk = triton.cdiv(max_q, c.block_m // group_p)
-        grid = (n_blk, hkv, nseq)
-        n_items = n_blk * hkv * nseq
-        # persistent programs: the early loop over cached K/V only (no early-exit branch to leave)
-        progs, prefetch = C.persistent_programs(q.device) \
-            if args["VARIANT"] == V.VARIANTS["early"] and call.k_new is None else (0, False)
-        if progs:
-            grid = (min(progs, n_items),)
-        _extend_fwd[grid](**args, n_blk=n_blk, n_items=n_items,
-                          PERSIST=(2 if prefetch else 1) if progs else 0,
-                          BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_NM=C.masked_tile(c),
-                          num_warps=c.num_warps, num_stages=c.num_stages, **extra)
+        grid = (triton.cdiv(max_q, c.block_m // group_p), hkv, nseq)
+        _extend_fwd[grid](**args, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+                          BLOCK_NM=C.masked_tile(c), num_warps=c.num_warps,
+                          num_stages=c.num_stages, **extra)
     return lse if call.return_lse else None
