@@ -30,7 +30,8 @@ Ladder (each adds one change; bench/NOTES_extend.md has the offline SASS counts 
   pipe_fma  + dense-FA2 softmax on unmasked tiles: row max of the raw qk, one FFMA per logit
   early     + the first tile's block ids loaded before anything else, and no early-exit branch
             (cu_seqlens -> exit -> seq_lens/ids -> K/V was three dependent round trips before
-            the first tile; cu_seqlens | seq_lens | ids -> K/V is two)
+            the first tile; cu_seqlens | seq_lens | ids -> K/V can be two). Measured level with
+            pipe_fma: ptxas (sm_90) still places most of the id loads after cu_seqlens is used
 """
 import os
 
@@ -186,10 +187,9 @@ def _tiles(acc, m_i, l_i, q, lo, hi, lk, row_pos, slope2, qk_scale, logit_cap, b
 def first_ids(bt_row, bt_w, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, VARIANT: tl.constexpr):
     """The block ids of a request's first key tile, for :func:`one_pass` (``early``).
 
-    Masked by the table's width only, so the load needs nothing but the program ids: the kernel
-    issues it before its first load (cu_seqlens) and the first K/V tile is one round trip away
-    from the start. Ids past the request's pages feed only masked loads or a loop that does not
-    run (an unmasked tile lies below lk).
+    Masked by the table's width only, so the load needs nothing but the program ids and the
+    kernel can issue it beside its first load (cu_seqlens). Ids past the request's pages feed
+    only masked loads or a loop that does not run (an unmasked tile lies below lk).
     """
     if VARIANT >= 5:
         ids = _page_ids(bt_row, 0, bt_w, PAGE, BLOCK_N)
