@@ -17,6 +17,8 @@ from typing import Dict, List, NamedTuple
 
 import torch
 
+from pagedattn._triton import maxnreg_option
+
 
 class TileConfig(NamedTuple):
     block_m: int
@@ -124,14 +126,7 @@ def masked_tile(cfg: TileConfig) -> int:
 def maxnreg_override(device: torch.device) -> dict:
     """``PAGEDATTN_EXTEND_MAXNREG=N`` (A/B runs, NVIDIA): cap the kernel's registers per thread,
     e.g. 128 so that two 8-warp programs share an SM. Unset: no cap ({})."""
-    raw = os.environ.get("PAGEDATTN_EXTEND_MAXNREG", "")
-    if not raw:
-        return {}
-    if not raw.isdigit() or not 24 <= int(raw) <= 255:
-        raise ValueError(f"PAGEDATTN_EXTEND_MAXNREG={raw!r}: expected an integer in [24, 255]")
-    if device.type != "cuda" or getattr(torch.version, "hip", None):
-        return {}  # the interpreter and the AMD backend take no register cap
-    return {"maxnreg": int(raw)}
+    return maxnreg_option("PAGEDATTN_EXTEND_MAXNREG", device)
 
 
 def autotune_enabled() -> bool:

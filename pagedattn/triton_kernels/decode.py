@@ -34,6 +34,7 @@ import torch
 import triton
 
 from pagedattn import layouts as L
+from pagedattn._triton import maxnreg_option
 from pagedattn.dispatch import core as _dispatch
 from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels._decode_kernels import _combine_kernel, _decode_kernel, gdc_wait
@@ -137,14 +138,7 @@ def _maxnreg(device):
     per SM, where 64-token tiles (146) fit 3 and won the one-pass rows at block 64 by up to 17 %
     (H200, session 9). At 168 (3 programs) they spill 48-160 bytes. Unset: no cap.
     """
-    env = os.environ.get("PAGEDATTN_DECODE_MAXNREG")
-    if not env:
-        return {}
-    if not env.isdigit() or not 24 <= int(env) <= 255:
-        raise ValueError(f"PAGEDATTN_DECODE_MAXNREG: expected an integer in [24, 255], got {env!r}")
-    if device.type != "cuda" or getattr(torch.version, "hip", None):
-        return {}  # the interpreter and the AMD backend take no register cap
-    return {"maxnreg": int(env)}
+    return maxnreg_option("PAGEDATTN_DECODE_MAXNREG", device)
 
 
 def _smem_per_block(device):
