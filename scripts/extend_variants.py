@@ -50,7 +50,10 @@ ROWS = [
     # softmax under the other's dots; 32-key tiles (64 need 131 KB)
     ("early@128x32x8x3+r128", "early", "128,32,8,3", None, "128"),
     ("early@128x32x8x4+r128", "early", "128,32,8,4", None, "128"),
+    # the Gluon sm_90 kernel (_extend_gluon.py): softmax of tile t under tile t-1's P V wgmma
+    ("gluon", "gluon", None),
     ("pipe_fma#2", "pipe_fma", None),  # the default again, last: drift within the process
+    ("early#2", "early", None),
 ]
 
 

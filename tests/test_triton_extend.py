@@ -352,6 +352,121 @@ def test_kernel_compiles_for_real_targets(target, variant):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
+def _compile_gluon_offline(head_dim, causal):
+    """Compile the Gluon sm_90 kernel (bf16, group 4, page 16) with this triton; check that it
+    uses async wgmma and cp.async, fits shared memory and (cuobjdump present) does not spill."""
+    import glob
+    import os
+    import subprocess
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from pagedattn.triton_kernels import _extend_gluon as G
+    k = G.extend_fwd_sm90
+    cst = dict(GROUP=4, GROUP_P=4, HEAD_DIM=head_dim, PAGE=16, BLOCK_M=G.BLOCK_M,
+               BLOCK_N=G.BLOCK_N, CAUSAL=causal, RETURN_LSE=True, num_warps=G.NUM_WARPS)
+    ptr = {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32", "lse_ptr": "*fp32"}
+    names = k.arg_names
+
+    def ty(n):
+        if n in cst:
+            return "constexpr"
+        if n.endswith("_ptr"):
+            return ptr.get(n, "*bf16")
+        return "fp32" if n == "qk_scale" else "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if n.endswith("_ptr") or n.startswith("stride")}
+    src = GluonASTSource(k, {n: ty(n) for n in names},
+                         constexprs={(names.index(c),): v for c, v in cst.items()}, attrs=attrs)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                        options=dict(num_warps=G.NUM_WARPS))
+    assert "wgmma.mma_async" in ck.asm["ptx"]
+    assert "isAsync = true" in ck.asm["ttgir"], "the loop's wgmmas must be asynchronous"
+    assert "async_copy_global_to_local" in ck.asm["ttgir"]
+    assert ck.metadata.shared <= 232448, f"{ck.metadata.shared} B of shared memory > the H200's"
+    tool = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                                  "cuobjdump"))
+    if tool:
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"gluon_{os.getpid()}.cubin")
+        with open(path, "wb") as f:
+            f.write(ck.asm["cubin"])
+        res = subprocess.run([tool[0], "-res-usage", path], capture_output=True, text=True).stdout
+        os.remove(path)
+        assert "STACK:0" in res and "LOCAL:0" in res, f"register spills: {res}"
+
+
+@pytest.mark.parametrize("head_dim,causal", [(128, True), (64, False)])
+def test_gluon_kernel_compiles_for_sm90(head_dim, causal):
+    """The Gluon kernel is written for triton 3.6's Gluon API (the H200's): compile it offline
+    under that triton (``make test-gpu-triton``); other versions skip (the launcher does not use
+    the kernel under them)."""
+    import os
+    import subprocess
+    import sys
+
+    triton = pytest.importorskip("triton")
+    from pagedattn.triton_kernels import _extend_variants as V
+    if not triton.__version__.startswith(V.GLUON_TRITON):
+        pytest.skip(f"triton {triton.__version__}: the Gluon kernel targets {V.GLUON_TRITON}x")
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("this triton build has no nvidia backend")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), here, env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", "import test_triton_extend as t; "
+                        f"t._compile_gluon_offline({head_dim}, {causal})"], env=env, cwd=here,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_gluon_variant_elsewhere_runs_the_default(device, monkeypatch):
+    """PAGEDATTN_EXTEND_VARIANT=gluon where the Gluon kernel cannot run (here: the CPU) runs the
+    default Triton loop, correctly."""
+    from pagedattn.triton_kernels import _extend_variants as V
+    monkeypatch.setenv(V.ENV, V.GLUON)
+    assert V.requested() == V.GLUON
+    assert V.resolve(has_mask=False, has_window=False, page=4) == V.VARIANTS[V.DEFAULT]
+    run_case(device, layout="bhsd", heads=(8, 2), bs=4, prefixes=[21, 0], extends=[9, 20],
+             seed=71)
+
+
+def test_gluon_unsupported_reasons(monkeypatch):
+    """The Gluon kernel's gate names every reason a call cannot use it (checked on the host, so
+    on any machine); a bench-like call on an sm_90 GPU has none."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from pagedattn import layouts as L
+    from pagedattn.triton_kernels import _extend_gluon as G
+    from pagedattn.triton_kernels import extend as E
+    calls = []
+    monkeypatch.setattr(E, "run", lambda call: (calls.append(call), call.out.zero_())[0] and None)
+
+    def call_for(layout="bhsd", d=128, bs=16, heads=(32, 8), lq=64, dtype=torch.float16, **kw):
+        hq, hkv = heads
+        kc, vc = pa.make_kv_cache(8, bs, hkv, d, layout=layout, dtype=dtype)
+        q = torch.randn(lq, hq, d, dtype=dtype)
+        pa.extend_attention(q, kc, vc, torch.zeros(1, 8, dtype=torch.int32), _cu([lq], "cpu"),
+                            torch.tensor([lq], dtype=torch.int32), layout=layout,
+                            backend="triton", **kw)
+        c = calls.pop()
+        return c, L.k_strides(c.k_cache, layout), L.v_strides(c.v_cache, layout)
+
+    def reasons(c, ks, vs, family="sm90", max_q=64):
+        return G.unsupported(c, ks, vs, family, 4 if c.q.shape[1] == 32 else 1, max_q)
+
+    base = reasons(*call_for())
+    assert base == ["not an sm_90 GPU"], base  # the CPU: only the device is wrong
+    assert reasons(*call_for(), family="sm80")[:1] == ["not an sm_90 GPU"]
+    assert "head_dim 80 not 64 or 128" in reasons(*call_for(d=80))
+    assert "the cache's head dim is not contiguous" in reasons(*call_for(layout="vllm"))
+    assert "the cache's head dim is not contiguous" in reasons(*call_for(layout="hcu"))
+    assert "window, soft-cap, ALiBi or sinks" in reasons(*call_for(sliding_window=8))
+    assert "fewer query rows than one 128-row block" in reasons(*call_for(lq=31), max_q=31)
+    assert "q, caches and out must share one 16-bit dtype" in reasons(*call_for(dtype=torch.float32))
+    assert reasons(*call_for(layout="bshd", d=64)) == base
+
+
 # ----------------------------------------------------------------------------------------------
 # A/B loop variants (PAGEDATTN_EXTEND_VARIANT; pagedattn/triton_kernels/_extend_variants.py)
 # ----------------------------------------------------------------------------------------------

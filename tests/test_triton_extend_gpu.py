@@ -100,3 +100,73 @@ def test_gpu_variant_narrow_masked_tiles(device, monkeypatch, variant, masked_n)
     for bs in (16, 1):
         run_case(device, layout="bhsd", dtype=torch.bfloat16, heads=(32, 8), d=128, bs=bs,
                  prefixes=[1000, 0, 517, 64], extends=[300, 257, 1, 129], seed=29)
+
+
+# ----------------------------------------------------------------------------------------------
+# the Gluon sm_90 kernel (PAGEDATTN_EXTEND_VARIANT=gluon; _extend_gluon.py)
+# ----------------------------------------------------------------------------------------------
+
+GLUON_CASES = [  # every case must reach the Gluon kernel (asserted): rows >= one 128-row block
+    # the issue's heads; prefixes on/off the page and the 128-key tile grid; Lq 1 and 0
+    dict(layout="bhsd", dtype=torch.bfloat16, heads=(32, 8), d=128, bs=16,
+         prefixes=[1000, 0, 517, 64, 256, 9], extends=[300, 257, 1, 129, 128, 0]),
+    dict(layout="bshd", dtype=torch.float16, heads=(32, 8), d=128, bs=1,
+         prefixes=[383, 0, 128], extends=[97, 1000, 33], use_out=True),
+    dict(layout="bhsd", dtype=torch.bfloat16, heads=(16, 16), d=64, bs=256,  # MHA, pages > tile
+         prefixes=[700, 0, 255], extends=[200, 385, 3]),
+    dict(layout="bhsd", dtype=torch.bfloat16, heads=(32, 4), d=128, bs=64,  # group 8
+         prefixes=[130, 0], extends=[77, 640], causal=False),
+    dict(layout="bshd", dtype=torch.float16, heads=(12, 4), d=64, bs=32,  # group 3 (padded to 4)
+         prefixes=[31, 2048, 0], extends=[250, 64, 1]),
+]
+
+
+@pytest.mark.gpu
+@BF16_SKIP
+@pytest.mark.parametrize("case", range(len(GLUON_CASES)))
+def test_gpu_gluon_kernel(device, monkeypatch, case):
+    from pagedattn.triton_kernels import _extend_variants as V
+    gk = V.gluon_kernel()
+    if gk is None or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernel needs sm_90 and triton " + V.GLUON_TRITON)
+    monkeypatch.setenv(V.ENV, V.GLUON)
+    launches = []
+    real = gk.launch
+    monkeypatch.setattr(gk, "launch", lambda *a, **k: (launches.append(1), real(*a, **k)))
+    run_case(device, seed=60 + case, **GLUON_CASES[case])
+    assert launches, "the call fell back to the Triton kernel"
+
+
+@pytest.mark.gpu
+@BF16_SKIP
+def test_gpu_gluon_overflow_cache_offsets(device, monkeypatch):
+    """§D5 under the Gluon kernel: pages past 2^31 elements, the pool outside them NaN."""
+    from pagedattn.triton_kernels import _extend_variants as V
+    gk = V.gluon_kernel()
+    if gk is None or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernel needs sm_90 and triton " + V.GLUON_TRITON)
+    monkeypatch.setenv(V.ENV, V.GLUON)
+    hkv, d, bs, nblk = 8, 128, 16, 140_000
+    kc, vc = pa.make_kv_cache(nblk, bs, hkv, d, layout="bhsd", dtype=torch.bfloat16,
+                              device=device)
+    assert (nblk - 1) * kc.stride(0) > 2 ** 31, "last block must start past the int32 range"
+    prefix, lq = 1000, 64
+    n = prefix + lq
+    pages = (n + bs - 1) // bs
+    ids = torch.arange(nblk - pages, nblk, device=device).flip(0)
+    kc.fill_(float("nan")), vc.fill_(float("nan"))
+    gen = torch.Generator(device=device).manual_seed(24)
+    kc[ids.long()] = torch.randn(kc[ids.long()].shape, generator=gen, device=device).bfloat16()
+    vc[ids.long()] = torch.randn(vc[ids.long()].shape, generator=gen, device=device).bfloat16()
+    table = ids.to(torch.int32).view(1, -1)
+    lens = torch.tensor([n], dtype=torch.int32, device=device)
+    q = torch.randn(lq, 32, d, generator=gen, device=device).bfloat16()
+    launches = []
+    real = gk.launch
+    monkeypatch.setattr(gk, "launch", lambda *a, **k: (launches.append(1), real(*a, **k)))
+    out = pa.extend_attention(q, kc, vc, table, _cu([lq], device), lens, layout="bhsd",
+                              backend="triton")
+    assert launches, "the call fell back to the Triton kernel"
+    k, v = pa.layouts.gather_kv(kc, vc, table[0], n, "bhsd")
+    ro, _ = dense_attention(q, k, v, range(prefix, n), scale=d ** -0.5)
+    assert_attn_close(out, ro, torch.bfloat16)

@@ -28,6 +28,8 @@ Ladder (each adds one change; bench/NOTES_extend.md has the offline SASS counts 
             load of the same iteration, so the sm_90 pipeliner keeps K/V multi-buffered
             (async_wait num=2 with 3 stages instead of num=0)
   pipe_fma  + dense-FA2 softmax on unmasked tiles: row max of the raw qk, one FFMA per logit
+  gluon     a separate sm_90 kernel in Gluon (_extend_gluon.py): each tile's softmax runs under
+            the previous tile's P V wgmma; other calls run DEFAULT
   early     + the first tile's block ids loaded before anything else, and no early-exit branch
             (cu_seqlens -> exit -> seq_lens/ids -> K/V was three dependent round trips before
             the first tile; cu_seqlens | seq_lens | ids -> K/V can be two). Measured level with
@@ -43,7 +45,9 @@ from pagedattn.triton_kernels._common import (LOG2E, alibi_bias, kv_offset, onli
 
 _LOG2E = tl.constexpr(LOG2E)
 
-VARIANTS = {"twostage": 0, "onepass": 1, "pages": 2, "pipe": 3, "pipe_fma": 4, "early": 5}
+VARIANTS = {"twostage": 0, "onepass": 1, "pages": 2, "pipe": 3, "pipe_fma": 4, "early": 5,
+            "gluon": 6}
+GLUON = "gluon"  # a separate kernel (_extend_gluon.py); calls it cannot serve run DEFAULT
 DEFAULT = "early"
 ENV = "PAGEDATTN_EXTEND_VARIANT"
 
@@ -65,7 +69,8 @@ def resolve(*, has_mask: bool, has_window: bool, page: int) -> int:
     key loop over their cached prefix (:func:`one_pass` on keys [0, prefix), non-causal), then
     the two-stage loop's new-key stage (measured, H200 2026-11-30).
     """
-    v = VARIANTS[requested()]
+    name = requested()
+    v = VARIANTS[DEFAULT if name == GLUON else name]
     pow2 = page > 0 and page & (page - 1) == 0
     return v if v and not has_mask and not has_window and pow2 else 0
 
@@ -77,6 +82,18 @@ def tile_config(cfg, variant: int, family: str, elem_bytes: int = 2):
             and elem_bytes <= 2:
         return cfg._replace(num_stages=3)
     return cfg
+
+
+GLUON_TRITON = "3.6."  # Gluon is experimental: its API changes between releases (3.9 renamed
+# the cp.async call and dropped thread_barrier); the kernel is written and GPU-tested for 3.6
+
+
+def gluon_kernel():
+    """The Gluon module (``PAGEDATTN_EXTEND_VARIANT=gluon``), or None under another triton."""
+    if not triton.__version__.startswith(GLUON_TRITON):
+        return None
+    from pagedattn.triton_kernels import _extend_gluon
+    return _extend_gluon
 
 
 @triton.jit

@@ -383,6 +383,12 @@ def run(call):
     )
     if call.k_new is not None and call.v_new.stride() != call.k_new.stride():
         raise ValueError("v_new: expected the same strides as k_new")
+    if V.requested() == V.GLUON:
+        gk = V.gluon_kernel()
+        if gk is not None and not gk.unsupported(call, ks, vs, C.family_of(q.device), group_p,
+                                                 max_q):
+            gk.launch(call, ks, vs, group, group_p, max_q, lse)
+            return lse if call.return_lse else None
     # grid = (cdiv(max_q, BLOCK_Q), Hkv, B) with BLOCK_Q = BLOCK_M // GROUP_P query tokens.
     if C.autotune_enabled() and q.is_cuda:
         grid = lambda meta: (triton.cdiv(max_q, meta["BLOCK_M"] // group_p), hkv, nseq)  # noqa

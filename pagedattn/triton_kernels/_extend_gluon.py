@@ -1,0 +1,248 @@
+"""Extend attention for sm_90 in Gluon: the softmax of tile t under the P @ V wgmma of tile t-1.
+
+Why (bench/NOTES_extend.md, sessions 5 and 10): the Triton loop runs its two wgmmas and the
+softmax of a tile back to back, so a 128 x 128 tile costs the tensor time (~1.4 us at the
+matmul rate) plus the softmax (~0.8 us). Here each iteration issues S_t = Q K_t^T and
+O += P_{t-1} V_{t-1} together, waits for S_t only, and computes the softmax of tile t while the
+P V wgmma runs (FA3's intra-warpgroup overlap). Everything is explicit: the layouts, a 3-slot
+shared-memory ring per K and V filled by cp.async from the paged cache, the wgmma waits.
+
+Scope (the launcher checks it: :func:`unsupported`): sm_90 under triton 3.6, fp16/bf16 q and
+cache of the same dtype, head_dim 64 or 128, a cache whose head dim is contiguous (bhsd, bshd),
+at least one 128-row block of queries, new keys read from the cache, no custom mask, window,
+soft-cap, ALiBi or sinks. Grid and row order as ``extend._extend_fwd``: (query blocks last-first, KV head, request); a program owns
+BLOCK_M = BLOCK_Q x GROUP_P rows (query token major, GQA head minor).
+
+Pipeline, 3 slots per ring; group G_t = {K_t, V_{t-1}} (G_0 also holds Q):
+
+  iteration t:  wait G_t | barrier | S_t = Q K_t^T (async) | O += P_{t-1} V_{t-1} (async)
+                issue K_{t+2}, V_{t+1} (slots freed by tiles t-1, t-2) | wait S_t
+                softmax(S_t) -> P_t, alpha_t | wait P V | O *= alpha_t
+"""
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+
+from pagedattn._triton import interpreter_enabled
+from pagedattn.triton_kernels._common import LN2, LOG2E
+
+_LN2 = gl.constexpr(LN2)  # jit code reads globals only as constexpr
+
+BLOCK_M, BLOCK_N, NUM_WARPS = 128, 128, 8
+_ALIGN = 8  # elements: every row a cp.async reads starts on 16 bytes
+
+
+def unsupported(call, ks, vs, family: str, group_p: int, max_q: int) -> list:
+    """Reasons this kernel cannot serve a validated ExtendCall ([] = it can)."""
+    q, g, o = call.q, call.geom, call.opts
+    why = []
+    if family != "sm90" or interpreter_enabled() or not q.is_cuda:
+        why.append("not an sm_90 GPU")
+    if q.dtype not in (torch.float16, torch.bfloat16) or call.k_cache.dtype != q.dtype \
+            or call.v_cache.dtype != q.dtype or call.out.dtype != q.dtype:
+        why.append("q, caches and out must share one 16-bit dtype")
+    if g.head_dim not in (64, 128):
+        why.append(f"head_dim {g.head_dim} not 64 or 128")
+    if call.k_new is not None or call.custom_mask is not None:
+        why.append("k_new/v_new or a custom mask")
+    if o.sliding_window is not None or o.logit_cap is not None or o.alibi_slopes is not None \
+            or o.sinks is not None:
+        why.append("window, soft-cap, ALiBi or sinks")
+    if ks.x < g.head_dim or ks.dim_lo != 1 or vs.dim_lo != 1:
+        why.append("the cache's head dim is not contiguous")
+    if group_p > BLOCK_M or group_p * max_q < BLOCK_M:
+        why.append("fewer query rows than one 128-row block")
+    strides = (q.stride(0), q.stride(1), call.out.stride(0), call.out.stride(1), ks.block,
+               ks.token, ks.head, vs.block, vs.token, vs.head)
+    ptrs = (q, call.out, call.k_cache, call.v_cache)
+    if any(x % _ALIGN for x in strides) or any(t.data_ptr() % 16 for t in ptrs) \
+            or q.stride(2) != 1 or call.out.stride(2) != 1:
+        why.append("rows not 16-byte aligned")
+    return why
+
+
+def launch(call, ks, vs, group: int, group_p: int, max_q: int, lse):
+    """Run the kernel for a call :func:`unsupported` accepted; writes call.out (and lse)."""
+    q, g = call.q, call.geom
+    ret = bool(call.return_lse)
+    grid = (triton.cdiv(max_q, BLOCK_M // group_p), g.num_kv_heads, call.num_seqs)
+    extend_fwd_sm90[grid](
+        q, call.k_cache, call.v_cache, call.out, lse, call.block_table, call.cu_seqlens_q,
+        call.seq_lens, float(call.opts.scale) * LOG2E, q.stride(0), q.stride(1),
+        call.out.stride(0), call.out.stride(1), lse.stride(0) if ret else 0,
+        lse.stride(1) if ret else 0, call.block_table.stride(0), ks.block, ks.token, ks.head,
+        vs.block, vs.token, vs.head, GROUP=group, GROUP_P=group_p, HEAD_DIM=g.head_dim,
+        PAGE=g.block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(call.causal),
+        RETURN_LSE=ret, num_warps=NUM_WARPS)
+
+
+@gluon.jit
+def _ids(bt_row, start, hi, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, LD: gl.constexpr):
+    """int32 block id of every key row of the tile at ``start`` (0 past hi: never loaded)."""
+    pos = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
+    return gl.load(bt_row + pos // PAGE, mask=pos < hi, other=0)
+
+
+@gluon.jit
+def _issue(ring, slot, base, ids, start, hi, stride_b, stride_t, dcol,
+           PAGE: gl.constexpr, BLOCK_N: gl.constexpr, LD: gl.constexpr):
+    """cp.async the tile at ``start`` into ring[slot]; rows at or past hi are zero-filled."""
+    pos = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
+    row = ids.to(gl.int64) * stride_b + (pos % PAGE).to(gl.int64) * stride_t  # [N]
+    async_copy.async_copy_global_to_shared(ring.index(slot), base + (row[:, None] + dcol[None, :]),
+                                           mask=(pos < hi)[:, None])
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, start, full, hi, row_pos, qk_scale, CAUSAL: gl.constexpr,
+             BLOCK_N: gl.constexpr, COL: gl.constexpr):
+    """Fold tile s [M, N] (raw q.k) into (m, l); returns (m, l, alpha, p), log2 domain.
+
+    Tiles below ``full`` are visible to every row: one FFMA per logit. Others (the diagonal,
+    the tail) are masked. Every row sees key 0 in tile 0, so m is finite from the first tile
+    on and no -inf guard is needed.
+    """
+    if start >= full:
+        j = start + gl.arange(0, BLOCK_N, layout=COL)
+        vis = (j < hi)[None, :]
+        if CAUSAL:
+            vis = vis & (j[None, :] <= row_pos[:, None])
+        s = gl.where(vis, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        p = gl.exp2(s - m_new[:, None])
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        p = gl.exp2(s * qk_scale - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    return m_new, l_i * alpha + gl.sum(p, 1), alpha, p
+
+
+@gluon.jit
+def extend_fwd_sm90(
+    q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr,  # q/out [T, Hq, D]; caches: any D-contiguous layout
+    bt_ptr, cu_ptr, lens_ptr,  # int32 block table [B, W], cu_seqlens_q [B + 1], seq_lens [B]
+    qk_scale,  # sm_scale * log2(e)
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_lh, stride_bt,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    GROUP: gl.constexpr, GROUP_P: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+    RETURN_LSE: gl.constexpr, num_warps: gl.constexpr,
+):
+    BLOCK_Q: gl.constexpr = BLOCK_M // GROUP_P
+    NS: gl.constexpr = 3  # ring slots (STAGES)
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    TPC: gl.constexpr = HEAD_DIM // 8  # threads per row of a 16-byte-per-thread copy
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [num_warps, 1], [1, 0])
+    MMA_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                    instr_shape=[16, BLOCK_N, 16])
+    MMA_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                    instr_shape=[16, HEAD_DIM, 16])
+    P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_O, k_width=2)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, MMA_S)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
+    KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+
+    b = gl.program_id(2)
+    kvh = gl.program_id(1)
+    tok0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_Q  # last query block first
+    q0 = gl.load(cu_ptr + b)
+    lq = gl.load(cu_ptr + b + 1) - q0
+    lk = gl.load(lens_ptr + b)
+    if tok0 >= lq:
+        return
+    prefix = lk - lq
+    if CAUSAL:
+        hi = gl.minimum(lk, prefix + tok0 + BLOCK_Q)  # past the block's last query position
+        full = (prefix + tok0 + 1) // BLOCK_N * BLOCK_N  # keys every row of the block sees
+    else:
+        hi = lk
+        full = lk // BLOCK_N * BLOCK_N
+    n_tiles = gl.cdiv(hi, BLOCK_N)  # >= 1: lk >= lq > tok0
+
+    bt_row = bt_ptr + b.to(gl.int64) * stride_bt
+    kc_h = kc_ptr + kvh.to(gl.int64) * stride_kh
+    vc_h = vc_ptr + kvh.to(gl.int64) * stride_vh
+    dcol = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD))
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
+    k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
+    v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
+
+    # prologue: G_0 = {Q, K_0}, G_1 = {K_1, V_0}; then (slots never used) G_2 = {K_2, V_1}
+    ids0 = _ids(bt_row, 0, hi, PAGE, BLOCK_N, LD)
+    ids1 = _ids(bt_row, BLOCK_N, hi, PAGE, BLOCK_N, LD)
+    ids_v = _ids(bt_row, 2 * BLOCK_N, hi, PAGE, BLOCK_N, LD)
+    qr = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
+    q_tok = tok0 + qr // GROUP_P
+    q_ok = (q_tok < lq) & (qr % GROUP_P < GROUP)
+    q_row = (q0 + q_tok).to(gl.int64) * stride_qt + (kvh * GROUP + qr % GROUP_P).to(gl.int64) * stride_qh
+    async_copy.async_copy_global_to_shared(q_smem, q_ptr + (q_row[:, None] + dcol[None, :]),
+                                           mask=q_ok[:, None])
+    _issue(k_ring, 0, kc_h, ids0, 0, hi, stride_kb, stride_kt, dcol, PAGE, BLOCK_N, LD)
+    async_copy.commit_group()
+    _issue(k_ring, 1, kc_h, ids1, BLOCK_N, hi, stride_kb, stride_kt, dcol, PAGE, BLOCK_N, LD)
+    _issue(v_ring, 0, vc_h, ids0, 0, hi, stride_vb, stride_vt, dcol, PAGE, BLOCK_N, LD)
+    async_copy.commit_group()
+    ids_k = _ids(bt_row, 3 * BLOCK_N, hi, PAGE, BLOCK_N, LD)
+    async_copy.wait_group(1)
+    fence_async_shared()
+    gl.thread_barrier()
+    _issue(k_ring, 2, kc_h, ids_v, 2 * BLOCK_N, hi, stride_kb, stride_kt, dcol, PAGE, BLOCK_N, LD)
+    _issue(v_ring, 1, vc_h, ids1, BLOCK_N, hi, stride_vb, stride_vt, dcol, PAGE, BLOCK_N, LD)
+    async_copy.commit_group()
+
+    rows = gl.arange(0, BLOCK_M, layout=ROW_S)
+    row_pos = prefix + tok0 + rows // GROUP_P  # [M] absolute query position
+    s = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)),
+                      gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_S), use_acc=False)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW_S)
+    l_i = gl.zeros([BLOCK_M], gl.float32, ROW_S)
+    m_i, l_i, alpha, p = _softmax(s, m_i, l_i, 0, full, hi, row_pos, qk_scale, CAUSAL, BLOCK_N,
+                                  gl.SliceLayout(0, MMA_S))
+    p16 = gl.convert_layout(p.to(dtype), P_OP)
+    o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA_O)
+    for t in range(1, n_tiles):
+        async_copy.wait_group(1)  # G_t: K_t and V_{t-1} landed (this thread's copies)
+        fence_async_shared()  # cp.async writes -> the wgmma (async proxy) reads
+        gl.thread_barrier()  # every thread's copies; every warp past tile t-1's waits
+        s = warpgroup_mma(q_smem, k_ring.index(t % NS).permute((1, 0)), s, use_acc=False,
+                          is_async=True)
+        o = warpgroup_mma(p16, v_ring.index((t - 1) % NS), o, is_async=True)
+        # under the wgmmas: refill the slots of tiles t-1 (K) and t-2 (V), fetch later ids
+        _issue(k_ring, (t + 2) % NS, kc_h, ids_k, (t + 2) * BLOCK_N, hi, stride_kb, stride_kt,
+               dcol, PAGE, BLOCK_N, LD)
+        _issue(v_ring, (t + 1) % NS, vc_h, ids_v, (t + 1) * BLOCK_N, hi, stride_vb, stride_vt,
+               dcol, PAGE, BLOCK_N, LD)
+        async_copy.commit_group()
+        ids_v = ids_k
+        ids_k = _ids(bt_row, (t + 3) * BLOCK_N, hi, PAGE, BLOCK_N, LD)  # used one tile later
+        s = warpgroup_mma_wait(1, deps=[s])
+        m_i, l_i, alpha, p = _softmax(s, m_i, l_i, t * BLOCK_N, full, hi, row_pos, qk_scale,
+                                      CAUSAL, BLOCK_N, gl.SliceLayout(0, MMA_S))
+        o, p16 = warpgroup_mma_wait(0, deps=[o, p16])
+        o = o * gl.convert_layout(alpha, ROW_O)[:, None]
+        p16 = gl.convert_layout(p.to(dtype), P_OP)
+    async_copy.wait_group(0)
+    fence_async_shared()
+    gl.thread_barrier()
+    o = warpgroup_mma(p16, v_ring.index((n_tiles - 1) % NS), o)
+
+    # epilogue: normalise, store the valid rows
+    l_o = gl.convert_layout(l_i, ROW_O)
+    o = o * gl.where(l_o > 0, 1.0 / gl.where(l_o > 0, l_o, 1.0), 0.0)[:, None]
+    ro = gl.arange(0, BLOCK_M, layout=ROW_O)
+    o_tok = tok0 + ro // GROUP_P
+    o_head = kvh * GROUP + ro % GROUP_P
+    o_ok = (o_tok < lq) & (ro % GROUP_P < GROUP)
+    do = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, MMA_O))
+    o_row = (q0 + o_tok).to(gl.int64) * stride_ot + o_head.to(gl.int64) * stride_oh
+    gl.store(out_ptr + (o_row[:, None] + do[None, :]), o.to(dtype),
+             mask=o_ok[:, None] & (do < HEAD_DIM)[None, :])
+    if RETURN_LSE:
+        lse = gl.where(l_o > 0, gl.convert_layout(m_i, ROW_O) + gl.log2(gl.where(l_o > 0, l_o, 1.0)),
+                       float("-inf")) * _LN2
+        gl.store(lse_ptr + ((q0 + o_tok).to(gl.int64) * stride_lt + o_head.to(gl.int64) * stride_lh),
+                 lse, mask=o_ok)
