@@ -366,7 +366,8 @@ def _compile_gluon_offline(head_dim, causal):
     from pagedattn.triton_kernels import _extend_gluon as G
     k = G.extend_fwd_sm90
     cst = dict(GROUP=4, GROUP_P=4, HEAD_DIM=head_dim, PAGE=16, BLOCK_M=G.BLOCK_M,
-               BLOCK_N=G.BLOCK_N, CAUSAL=causal, RETURN_LSE=True, num_warps=G.NUM_WARPS)
+               BLOCK_N=G.BLOCK_N, CAUSAL=causal, RETURN_LSE=True, LOOP_FENCE=False,
+               num_warps=G.NUM_WARPS)
     ptr = {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32", "lse_ptr": "*fp32"}
     names = k.arg_names
 

@@ -19,6 +19,8 @@ Pipeline, 3 slots per ring; group G_t = {K_t, V_{t-1}} (G_0 also holds Q):
                 issue K_{t+2}, V_{t+1} (slots freed by tiles t-1, t-2) | wait S_t
                 softmax(S_t) -> P_t, alpha_t | wait P V | O *= alpha_t
 """
+import os
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -76,7 +78,8 @@ def launch(call, ks, vs, group: int, group_p: int, max_q: int, lse):
         lse.stride(1) if ret else 0, call.block_table.stride(0), ks.block, ks.token, ks.head,
         vs.block, vs.token, vs.head, GROUP=group, GROUP_P=group_p, HEAD_DIM=g.head_dim,
         PAGE=g.block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(call.causal),
-        RETURN_LSE=ret, num_warps=NUM_WARPS)
+        RETURN_LSE=ret, LOOP_FENCE=os.environ.get("PAGEDATTN_EXTEND_GLUON_FENCE", "") == "1",
+        num_warps=NUM_WARPS)
 
 
 @gluon.jit
@@ -129,7 +132,7 @@ def extend_fwd_sm90(
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     GROUP: gl.constexpr, GROUP_P: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-    RETURN_LSE: gl.constexpr, num_warps: gl.constexpr,
+    RETURN_LSE: gl.constexpr, LOOP_FENCE: gl.constexpr, num_warps: gl.constexpr,
 ):
     BLOCK_Q: gl.constexpr = BLOCK_M // GROUP_P
     NS: gl.constexpr = 3  # ring slots (STAGES)
@@ -206,7 +209,8 @@ def extend_fwd_sm90(
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA_O)
     for t in range(1, n_tiles):
         async_copy.wait_group(1)  # G_t: K_t and V_{t-1} landed (this thread's copies)
-        fence_async_shared()  # cp.async writes -> the wgmma (async proxy) reads
+        if LOOP_FENCE:  # A/B knob; Triton's own pipelines fence only before their loops
+            fence_async_shared()
         gl.thread_barrier()  # every thread's copies; every warp past tile t-1's waits
         s = warpgroup_mma(q_smem, k_ring.index(t % NS).permute((1, 0)), s, use_acc=False,
                           is_async=True)
