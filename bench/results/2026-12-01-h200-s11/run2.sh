@@ -16,4 +16,4 @@ PAGEDATTN_EXTEND_VARIANT=gluon PAGEDATTN_VALIDATE=0 timeout 120 $NCU --kernel-na
   python3 scripts/extend_case.py 4 4096 1024 > $O/ncu_gluon_4_4096_1024.txt 2>&1
 PAGEDATTN_VALIDATE=0 timeout 120 $NCU --kernel-name regex:_extend_fwd \
   python3 scripts/extend_case.py 4 4096 1024 > $O/ncu_early_4_4096_1024.txt 2>&1
-grep -E "Duration|SM Frequency|Issue Slots Busy|Issued Ipc|Stall|Warp Cycles Per Issued|No Eligible|Compute \(SM\) Throughput" $O/ncu_*_4_4096_1024.txt | head -60; grep -hE "stalled_[a-z_]+_per_issue_active.ratio +[a-z]* +[0-9.]+" $O/ncu_*_4_4096_1024.txt | awk "\$NF > 0.05" | head -60
+grep -E "Duration|SM Frequency|Issue Slots Busy|Issued Ipc|Stall|Warp Cycles Per Issued|No Eligible|Compute \(SM\) Throughput" $O/ncu_*_4_4096_1024.txt | head -60; grep -E "stalled_[a-z_]+_per_issue_active.ratio +[a-z]* +[0-9.]+" $O/ncu_*_4_4096_1024.txt | awk "\$NF > 0.05" | head -60
