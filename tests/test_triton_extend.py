@@ -464,7 +464,8 @@ def test_gluon_unsupported_reasons(monkeypatch):
     assert "the cache's head dim is not contiguous" in reasons(*call_for(layout="hcu"))
     assert "window, soft-cap, ALiBi or sinks" in reasons(*call_for(sliding_window=8))
     assert "fewer query rows than one 128-row block" in reasons(*call_for(lq=31), max_q=31)
-    assert "q, caches and out must share one 16-bit dtype" in reasons(*call_for(dtype=torch.float32))
+    assert "q, caches and out must share one 16-bit dtype" \
+        in reasons(*call_for(dtype=torch.float32))
     assert reasons(*call_for(layout="bshd", d=64)) == base
 
 

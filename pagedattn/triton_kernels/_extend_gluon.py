@@ -10,8 +10,9 @@ shared-memory ring per K and V filled by cp.async from the paged cache, the wgmm
 Scope (the launcher checks it: :func:`unsupported`): sm_90 under triton 3.6, fp16/bf16 q and
 cache of the same dtype, head_dim 64 or 128, a cache whose head dim is contiguous (bhsd, bshd),
 at least one 128-row block of queries, new keys read from the cache, no custom mask, window,
-soft-cap, ALiBi or sinks. Grid and row order as ``extend._extend_fwd``: (query blocks last-first, KV head, request); a program owns
-BLOCK_M = BLOCK_Q x GROUP_P rows (query token major, GQA head minor).
+soft-cap, ALiBi or sinks. Grid and row order as ``extend._extend_fwd``: (query blocks
+last-first, KV head, request); a program owns BLOCK_M = BLOCK_Q x GROUP_P rows (query token
+major, GQA head minor).
 
 Pipeline, 3 slots per ring; group G_t = {K_t, V_{t-1}} (G_0 also holds Q):
 
@@ -83,20 +84,30 @@ def launch(call, ks, vs, group: int, group_p: int, max_q: int, lse):
 
 
 @gluon.jit
-def _ids(bt_row, start, hi, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, LD: gl.constexpr):
-    """int32 block id of every key row of the tile at ``start`` (0 past hi: never loaded)."""
-    pos = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
-    return gl.load(bt_row + pos // PAGE, mask=pos < hi, other=0)
+def _ids(bt_row, start, hi, r, PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Block ids of the tile at ``start`` (a multiple of BLOCK_N; 0 past hi: never loaded): an
+    int32 [N] per key row when pages are smaller than the tile, else one scalar."""
+    if PAGE < BLOCK_N:
+        return gl.load(bt_row + (start // PAGE + r // PAGE), mask=start + r < hi, other=0)
+    else:
+        return gl.load(bt_row + start // PAGE, mask=start < hi, other=0)
 
 
 @gluon.jit
-def _issue(ring, slot, base, ids, start, hi, stride_b, stride_t, dcol,
-           PAGE: gl.constexpr, BLOCK_N: gl.constexpr, LD: gl.constexpr):
-    """cp.async the tile at ``start`` into ring[slot]; rows at or past hi are zero-filled."""
-    pos = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
-    row = ids.to(gl.int64) * stride_b + (pos % PAGE).to(gl.int64) * stride_t  # [N]
+def _issue(ring, slot, base, ids, start, hi, stride_b, stride_t, tok, r, dcol,
+           PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
+    """cp.async the tile at ``start`` into ring[slot]; rows at or past hi are zero-filled.
+
+    stride_b: the block stride as a zero-extended int64 and ids >= 0, so id * stride_b is one
+    32 x 32 -> 64-bit multiply; tok: the loop-invariant token-in-page term [N] (int32).
+    """
+    if PAGE <= BLOCK_N:
+        t_off = tok
+    else:  # the tile is part of one page
+        t_off = (start % PAGE) * stride_t + tok
+    row = ids.to(gl.uint32).to(gl.int64) * stride_b + t_off  # [N]
     async_copy.async_copy_global_to_shared(ring.index(slot), base + (row[:, None] + dcol[None, :]),
-                                           mask=(pos < hi)[:, None])
+                                           mask=(start + r < hi)[:, None])
 
 
 @gluon.jit
@@ -170,31 +181,43 @@ def extend_fwd_sm90(
     kc_h = kc_ptr + kvh.to(gl.int64) * stride_kh
     vc_h = vc_ptr + kvh.to(gl.int64) * stride_vh
     dcol = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD))
+    r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))  # key row within a tile
+    TPP: gl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N  # tile rows per page
+    k_tok = (r % TPP) * stride_kt  # loop-invariant token terms (int32: within one page)
+    v_tok = (r % TPP) * stride_vt
+    sb_k = stride_kb.to(gl.uint32).to(gl.int64)
+    sb_v = stride_vb.to(gl.uint32).to(gl.int64)
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
     k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
     v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
 
     # prologue: G_0 = {Q, K_0}, G_1 = {K_1, V_0}; then (slots never used) G_2 = {K_2, V_1}
-    ids0 = _ids(bt_row, 0, hi, PAGE, BLOCK_N, LD)
-    ids1 = _ids(bt_row, BLOCK_N, hi, PAGE, BLOCK_N, LD)
-    ids_v = _ids(bt_row, 2 * BLOCK_N, hi, PAGE, BLOCK_N, LD)
+    ids0 = _ids(bt_row, 0, hi, r, PAGE, BLOCK_N)
+    ids1 = _ids(bt_row, BLOCK_N, hi, r, PAGE, BLOCK_N)
+    ids_v = _ids(bt_row, 2 * BLOCK_N, hi, r, PAGE, BLOCK_N)
     qr = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
     q_tok = tok0 + qr // GROUP_P
     q_ok = (q_tok < lq) & (qr % GROUP_P < GROUP)
-    q_row = (q0 + q_tok).to(gl.int64) * stride_qt + (kvh * GROUP + qr % GROUP_P).to(gl.int64) * stride_qh
+    q_head = kvh * GROUP + qr % GROUP_P
+    q_row = (q0 + q_tok).to(gl.int64) * stride_qt + q_head.to(gl.int64) * stride_qh
     async_copy.async_copy_global_to_shared(q_smem, q_ptr + (q_row[:, None] + dcol[None, :]),
                                            mask=q_ok[:, None])
-    _issue(k_ring, 0, kc_h, ids0, 0, hi, stride_kb, stride_kt, dcol, PAGE, BLOCK_N, LD)
+    _issue(k_ring, 0, kc_h, ids0, 0, hi, sb_k, stride_kt, k_tok, r, dcol,
+               PAGE, BLOCK_N)
     async_copy.commit_group()
-    _issue(k_ring, 1, kc_h, ids1, BLOCK_N, hi, stride_kb, stride_kt, dcol, PAGE, BLOCK_N, LD)
-    _issue(v_ring, 0, vc_h, ids0, 0, hi, stride_vb, stride_vt, dcol, PAGE, BLOCK_N, LD)
+    _issue(k_ring, 1, kc_h, ids1, BLOCK_N, hi, sb_k, stride_kt, k_tok, r, dcol,
+               PAGE, BLOCK_N)
+    _issue(v_ring, 0, vc_h, ids0, 0, hi, sb_v, stride_vt, v_tok, r, dcol,
+               PAGE, BLOCK_N)
     async_copy.commit_group()
-    ids_k = _ids(bt_row, 3 * BLOCK_N, hi, PAGE, BLOCK_N, LD)
+    ids_k = _ids(bt_row, 3 * BLOCK_N, hi, r, PAGE, BLOCK_N)
     async_copy.wait_group(1)
     fence_async_shared()
     gl.thread_barrier()
-    _issue(k_ring, 2, kc_h, ids_v, 2 * BLOCK_N, hi, stride_kb, stride_kt, dcol, PAGE, BLOCK_N, LD)
-    _issue(v_ring, 1, vc_h, ids1, BLOCK_N, hi, stride_vb, stride_vt, dcol, PAGE, BLOCK_N, LD)
+    _issue(k_ring, 2, kc_h, ids_v, 2 * BLOCK_N, hi, sb_k, stride_kt, k_tok, r, dcol,
+               PAGE, BLOCK_N)
+    _issue(v_ring, 1, vc_h, ids1, BLOCK_N, hi, sb_v, stride_vt, v_tok, r, dcol,
+               PAGE, BLOCK_N)
     async_copy.commit_group()
 
     rows = gl.arange(0, BLOCK_M, layout=ROW_S)
@@ -216,13 +239,13 @@ def extend_fwd_sm90(
                           is_async=True)
         o = warpgroup_mma(p16, v_ring.index((t - 1) % NS), o, is_async=True)
         # under the wgmmas: refill the slots of tiles t-1 (K) and t-2 (V), fetch later ids
-        _issue(k_ring, (t + 2) % NS, kc_h, ids_k, (t + 2) * BLOCK_N, hi, stride_kb, stride_kt,
-               dcol, PAGE, BLOCK_N, LD)
-        _issue(v_ring, (t + 1) % NS, vc_h, ids_v, (t + 1) * BLOCK_N, hi, stride_vb, stride_vt,
-               dcol, PAGE, BLOCK_N, LD)
+        _issue(k_ring, (t + 2) % NS, kc_h, ids_k, (t + 2) * BLOCK_N, hi, sb_k, stride_kt, k_tok,
+               r, dcol, PAGE, BLOCK_N)
+        _issue(v_ring, (t + 1) % NS, vc_h, ids_v, (t + 1) * BLOCK_N, hi, sb_v, stride_vt, v_tok,
+               r, dcol, PAGE, BLOCK_N)
         async_copy.commit_group()
         ids_v = ids_k
-        ids_k = _ids(bt_row, (t + 3) * BLOCK_N, hi, PAGE, BLOCK_N, LD)  # used one tile later
+        ids_k = _ids(bt_row, (t + 3) * BLOCK_N, hi, r, PAGE, BLOCK_N)  # used one tile later
         s = warpgroup_mma_wait(1, deps=[s])
         m_i, l_i, alpha, p = _softmax(s, m_i, l_i, t * BLOCK_N, full, hi, row_pos, qk_scale,
                                       CAUSAL, BLOCK_N, gl.SliceLayout(0, MMA_S))
@@ -242,11 +265,12 @@ def extend_fwd_sm90(
     o_head = kvh * GROUP + ro % GROUP_P
     o_ok = (o_tok < lq) & (ro % GROUP_P < GROUP)
     do = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, MMA_O))
-    o_row = (q0 + o_tok).to(gl.int64) * stride_ot + o_head.to(gl.int64) * stride_oh
+    o_tok64 = (q0 + o_tok).to(gl.int64)
+    o_row = o_tok64 * stride_ot + o_head.to(gl.int64) * stride_oh
     gl.store(out_ptr + (o_row[:, None] + do[None, :]), o.to(dtype),
              mask=o_ok[:, None] & (do < HEAD_DIM)[None, :])
     if RETURN_LSE:
-        lse = gl.where(l_o > 0, gl.convert_layout(m_i, ROW_O) + gl.log2(gl.where(l_o > 0, l_o, 1.0)),
-                       float("-inf")) * _LN2
-        gl.store(lse_ptr + ((q0 + o_tok).to(gl.int64) * stride_lt + o_head.to(gl.int64) * stride_lh),
-                 lse, mask=o_ok)
+        m_o = gl.convert_layout(m_i, ROW_O)
+        lse = gl.where(l_o > 0, m_o + gl.log2(gl.where(l_o > 0, l_o, 1.0)), float("-inf")) * _LN2
+        gl.store(lse_ptr + (o_tok64 * stride_lt + o_head.to(gl.int64) * stride_lh), lse,
+                 mask=o_ok)
