@@ -23,7 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 # (row name, PAGEDATTN_EXTEND_VARIANT, PAGEDATTN_EXTEND_CONFIG "BM,BN,WARPS,STAGES" or None
-#  [, PAGEDATTN_EXTEND_MASKED_N[, PAGEDATTN_EXTEND_MAXNREG[, PAGEDATTN_EXTEND_GLUON_FENCE]]])
+#  [, PAGEDATTN_EXTEND_MASKED_N[, PAGEDATTN_EXTEND_MAXNREG[, PAGEDATTN_EXTEND_GLUON_FENCE
+#  [, PAGEDATTN_EXTEND_GLUON_WS]]]])
 ROWS = [
     ("twostage", "twostage", None),  # the two-stage loop, sm_90 tiles (128, 128, 8, 2)
     ("twostage@128x64x8x3", "twostage", "128,64,8,3"),  # the first default (31 %)
@@ -51,29 +52,30 @@ ROWS = [
     ("early@128x32x8x3+r128", "early", "128,32,8,3", None, "128"),
     ("early@128x32x8x4+r128", "early", "128,32,8,4", None, "128"),
     # the Gluon sm_90 kernel (_extend_gluon.py): softmax of tile t under tile t-1's P V wgmma
-    ("gluon", "gluon", None),
-    ("gluon+fence", "gluon", None, None, None, "1"),  # fence.proxy.async in every iteration
+    ("gluon", "gluon", None),  # warp-specialized: a producer warpgroup gathers the pages
+    ("gluon+fence", "gluon", None, None, None, "1"),  # fence.proxy.async after every wait
+    ("gluon-1role", "gluon", None, None, None, None, "0"),  # one role: every warp loads
     ("pipe_fma#2", "pipe_fma", None),  # the default again, last: drift within the process
     ("early#2", "early", None),
 ]
 
 
 _KNOBS = ("PAGEDATTN_EXTEND_CONFIG", "PAGEDATTN_EXTEND_MASKED_N", "PAGEDATTN_EXTEND_MAXNREG",
-          "PAGEDATTN_EXTEND_GLUON_FENCE")
+          "PAGEDATTN_EXTEND_GLUON_FENCE", "PAGEDATTN_EXTEND_GLUON_WS")
 
 
-def _env(variant, config, masked_n=None, maxnreg=None, gluon_fence=None):
+def _env(variant, config, masked_n=None, maxnreg=None, gluon_fence=None, gluon_ws=None):
     env = dict(os.environ, PAGEDATTN_EXTEND_VARIANT=variant, PAGEDATTN_VALIDATE="0")
     for k in _KNOBS:
         env.pop(k, None)
-    for k, v in zip(_KNOBS, (config, masked_n, maxnreg, gluon_fence)):
+    for k, v in zip(_KNOBS, (config, masked_n, maxnreg, gluon_fence, gluon_ws)):
         if v:
             env[k] = v
     return env
 
 
-def _set_env(variant, config, masked_n=None, maxnreg=None, gluon_fence=None):
-    env = _env(variant, config, masked_n, maxnreg, gluon_fence)
+def _set_env(variant, config, masked_n=None, maxnreg=None, gluon_fence=None, gluon_ws=None):
+    env = _env(variant, config, masked_n, maxnreg, gluon_fence, gluon_ws)
     for k in _KNOBS:
         if k not in env:
             os.environ.pop(k, None)

@@ -352,7 +352,7 @@ def test_kernel_compiles_for_real_targets(target, variant):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def _compile_gluon_offline(head_dim, causal):
+def _compile_gluon_offline(head_dim, causal, ws):
     """Compile the Gluon sm_90 kernel (bf16, group 4, page 16) with this triton; check that it
     uses async wgmma and cp.async, fits shared memory and (cuobjdump present) does not spill."""
     import glob
@@ -364,10 +364,12 @@ def _compile_gluon_offline(head_dim, causal):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from pagedattn.triton_kernels import _extend_gluon as G
-    k = G.extend_fwd_sm90
+    k = G.extend_fwd_sm90_ws if ws else G.extend_fwd_sm90
     cst = dict(GROUP=4, GROUP_P=4, HEAD_DIM=head_dim, PAGE=16, BLOCK_M=G.BLOCK_M,
                BLOCK_N=G.BLOCK_N, CAUSAL=causal, RETURN_LSE=True, LOOP_FENCE=False,
                num_warps=G.NUM_WARPS)
+    if ws:
+        cst["P_REGS"] = G.P_REGS
     ptr = {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32", "lse_ptr": "*fp32"}
     names = k.arg_names
 
@@ -396,10 +398,13 @@ def _compile_gluon_offline(head_dim, causal):
         res = subprocess.run([tool[0], "-res-usage", path], capture_output=True, text=True).stdout
         os.remove(path)
         assert "STACK:0" in res and "LOCAL:0" in res, f"register spills: {res}"
+    if ws:  # both roles got their registers (setmaxnreg): 200 for the consumers
+        assert f"setmaxnreg.inc.sync.aligned.u32 \t{G.P_REGS};" in ck.asm["ptx"]
 
 
-@pytest.mark.parametrize("head_dim,causal", [(128, True), (64, False)])
-def test_gluon_kernel_compiles_for_sm90(head_dim, causal):
+@pytest.mark.parametrize("head_dim,causal,ws", [(128, True, True), (64, False, True),
+                                               (128, True, False)])
+def test_gluon_kernel_compiles_for_sm90(head_dim, causal, ws):
     """The Gluon kernel is written for triton 3.6's Gluon API (the H200's): compile it offline
     under that triton (``make test-gpu-triton``); other versions skip (the launcher does not use
     the kernel under them)."""
@@ -417,7 +422,8 @@ def test_gluon_kernel_compiles_for_sm90(head_dim, causal):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), here, env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", "import test_triton_extend as t; "
-                        f"t._compile_gluon_offline({head_dim}, {causal})"], env=env, cwd=here,
+                        f"t._compile_gluon_offline({head_dim}, {causal}, {ws})"], env=env,
+                        cwd=here,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 

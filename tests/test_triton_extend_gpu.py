@@ -123,13 +123,16 @@ GLUON_CASES = [  # every case must reach the Gluon kernel (asserted): rows >= on
 
 @pytest.mark.gpu
 @BF16_SKIP
+@pytest.mark.parametrize("ws", ["1", "0"])
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
-def test_gpu_gluon_kernel(device, monkeypatch, case):
+def test_gpu_gluon_kernel(device, monkeypatch, case, ws):
+    """Both forms: warp-specialized (producer/consumer, the default) and single-role."""
     from pagedattn.triton_kernels import _extend_variants as V
     gk = V.gluon_kernel()
     if gk is None or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon kernel needs sm_90 and triton " + V.GLUON_TRITON)
     monkeypatch.setenv(V.ENV, V.GLUON)
+    monkeypatch.setenv("PAGEDATTN_EXTEND_GLUON_WS", ws)
     launches = []
     real = gk.launch
     monkeypatch.setattr(gk, "launch", lambda *a, **k: (launches.append(1), real(*a, **k)))

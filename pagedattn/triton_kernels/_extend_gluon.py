@@ -27,7 +27,8 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
-                                                              warpgroup_mma, warpgroup_mma_wait)
+                                                              mbarrier, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 from pagedattn._triton import interpreter_enabled
 from pagedattn.triton_kernels._common import LN2, LOG2E
@@ -35,6 +36,9 @@ from pagedattn.triton_kernels._common import LN2, LOG2E
 _LN2 = gl.constexpr(LN2)  # jit code reads globals only as constexpr
 
 BLOCK_M, BLOCK_N, NUM_WARPS = 128, 128, 8
+# producer registers of the warp-specialized form: the least with no spill (sm_90, triton 3.6:
+# 96 spills 4 bytes); the consumers get (65536 - 128 * 104) / 256 -> 200 and need ~200
+P_REGS = 104
 _ALIGN = 8  # elements: every row a cp.async reads starts on 16 bytes
 
 
@@ -67,12 +71,23 @@ def unsupported(call, ks, vs, family: str, group_p: int, max_q: int) -> list:
     return why
 
 
+def warp_specialized() -> bool:
+    """``PAGEDATTN_EXTEND_GLUON_WS`` (A/B runs): 1 (default) the producer/consumer form
+    (:func:`extend_fwd_sm90_ws`), 0 the single-role loop (:func:`extend_fwd_sm90`)."""
+    raw = os.environ.get("PAGEDATTN_EXTEND_GLUON_WS", "1")
+    if raw not in ("0", "1"):
+        raise ValueError(f"PAGEDATTN_EXTEND_GLUON_WS={raw!r}: expected 0 or 1")
+    return raw == "1"
+
+
 def launch(call, ks, vs, group: int, group_p: int, max_q: int, lse):
     """Run the kernel for a call :func:`unsupported` accepted; writes call.out (and lse)."""
     q, g = call.q, call.geom
     ret = bool(call.return_lse)
     grid = (triton.cdiv(max_q, BLOCK_M // group_p), g.num_kv_heads, call.num_seqs)
-    extend_fwd_sm90[grid](
+    ws = warp_specialized()
+    extra = dict(P_REGS=P_REGS) if ws else {}
+    (extend_fwd_sm90_ws if ws else extend_fwd_sm90)[grid](
         q, call.k_cache, call.v_cache, call.out, lse, call.block_table, call.cu_seqlens_q,
         call.seq_lens, float(call.opts.scale) * LOG2E, q.stride(0), q.stride(1),
         call.out.stride(0), call.out.stride(1), lse.stride(0) if ret else 0,
@@ -80,7 +95,7 @@ def launch(call, ks, vs, group: int, group_p: int, max_q: int, lse):
         vs.block, vs.token, vs.head, GROUP=group, GROUP_P=group_p, HEAD_DIM=g.head_dim,
         PAGE=g.block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(call.causal),
         RETURN_LSE=ret, LOOP_FENCE=os.environ.get("PAGEDATTN_EXTEND_GLUON_FENCE", "") == "1",
-        num_warps=NUM_WARPS)
+        num_warps=NUM_WARPS, **extra)
 
 
 @gluon.jit
@@ -94,9 +109,9 @@ def _ids(bt_row, start, hi, r, PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _issue(ring, slot, base, ids, start, hi, stride_b, stride_t, tok, r, dcol,
+def _issue(dst, base, ids, start, hi, stride_b, stride_t, tok, r, dcol,
            PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
-    """cp.async the tile at ``start`` into ring[slot]; rows at or past hi are zero-filled.
+    """cp.async the BLOCK_N rows at ``start`` into dst; rows at or past hi are zero-filled.
 
     stride_b: the block stride as a zero-extended int64 and ids >= 0, so id * stride_b is one
     32 x 32 -> 64-bit multiply; tok: the loop-invariant token-in-page term [N] (int32).
@@ -106,7 +121,7 @@ def _issue(ring, slot, base, ids, start, hi, stride_b, stride_t, tok, r, dcol,
     else:  # the tile is part of one page
         t_off = (start % PAGE) * stride_t + tok
     row = ids.to(gl.uint32).to(gl.int64) * stride_b + t_off  # [N]
-    async_copy.async_copy_global_to_shared(ring.index(slot), base + (row[:, None] + dcol[None, :]),
+    async_copy.async_copy_global_to_shared(dst, base + (row[:, None] + dcol[None, :]),
                                            mask=(start + r < hi)[:, None])
 
 
@@ -202,21 +217,21 @@ def extend_fwd_sm90(
     q_row = (q0 + q_tok).to(gl.int64) * stride_qt + q_head.to(gl.int64) * stride_qh
     async_copy.async_copy_global_to_shared(q_smem, q_ptr + (q_row[:, None] + dcol[None, :]),
                                            mask=q_ok[:, None])
-    _issue(k_ring, 0, kc_h, ids0, 0, hi, sb_k, stride_kt, k_tok, r, dcol,
+    _issue(k_ring.index(0), kc_h, ids0, 0, hi, sb_k, stride_kt, k_tok, r, dcol,
                PAGE, BLOCK_N)
     async_copy.commit_group()
-    _issue(k_ring, 1, kc_h, ids1, BLOCK_N, hi, sb_k, stride_kt, k_tok, r, dcol,
+    _issue(k_ring.index(1), kc_h, ids1, BLOCK_N, hi, sb_k, stride_kt, k_tok, r, dcol,
                PAGE, BLOCK_N)
-    _issue(v_ring, 0, vc_h, ids0, 0, hi, sb_v, stride_vt, v_tok, r, dcol,
+    _issue(v_ring.index(0), vc_h, ids0, 0, hi, sb_v, stride_vt, v_tok, r, dcol,
                PAGE, BLOCK_N)
     async_copy.commit_group()
     ids_k = _ids(bt_row, 3 * BLOCK_N, hi, r, PAGE, BLOCK_N)
     async_copy.wait_group(1)
     fence_async_shared()
     gl.thread_barrier()
-    _issue(k_ring, 2, kc_h, ids_v, 2 * BLOCK_N, hi, sb_k, stride_kt, k_tok, r, dcol,
+    _issue(k_ring.index(2), kc_h, ids_v, 2 * BLOCK_N, hi, sb_k, stride_kt, k_tok, r, dcol,
                PAGE, BLOCK_N)
-    _issue(v_ring, 1, vc_h, ids1, BLOCK_N, hi, sb_v, stride_vt, v_tok, r, dcol,
+    _issue(v_ring.index(1), vc_h, ids1, BLOCK_N, hi, sb_v, stride_vt, v_tok, r, dcol,
                PAGE, BLOCK_N)
     async_copy.commit_group()
 
@@ -239,10 +254,10 @@ def extend_fwd_sm90(
                           is_async=True)
         o = warpgroup_mma(p16, v_ring.index((t - 1) % NS), o, is_async=True)
         # under the wgmmas: refill the slots of tiles t-1 (K) and t-2 (V), fetch later ids
-        _issue(k_ring, (t + 2) % NS, kc_h, ids_k, (t + 2) * BLOCK_N, hi, sb_k, stride_kt, k_tok,
-               r, dcol, PAGE, BLOCK_N)
-        _issue(v_ring, (t + 1) % NS, vc_h, ids_v, (t + 1) * BLOCK_N, hi, sb_v, stride_vt, v_tok,
-               r, dcol, PAGE, BLOCK_N)
+        _issue(k_ring.index((t + 2) % NS), kc_h, ids_k, (t + 2) * BLOCK_N, hi, sb_k, stride_kt,
+               k_tok, r, dcol, PAGE, BLOCK_N)
+        _issue(v_ring.index((t + 1) % NS), vc_h, ids_v, (t + 1) * BLOCK_N, hi, sb_v, stride_vt,
+               v_tok, r, dcol, PAGE, BLOCK_N)
         async_copy.commit_group()
         ids_v = ids_k
         ids_k = _ids(bt_row, (t + 3) * BLOCK_N, hi, r, PAGE, BLOCK_N)  # used one tile later
@@ -274,3 +289,207 @@ def extend_fwd_sm90(
         lse = gl.where(l_o > 0, m_o + gl.log2(gl.where(l_o > 0, l_o, 1.0)), float("-inf")) * _LN2
         gl.store(lse_ptr + (o_tok64 * stride_lt + o_head.to(gl.int64) * stride_lh), lse,
                  mask=o_ok)
+
+
+# ----------------------------------------------------------------------------------------------
+# warp-specialized form: a producer warpgroup gathers the pages, the consumers only compute
+# ----------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _ws_producer(q_ptr, kc_h, vc_h, bt_row, q_smem, k_ring, v_ring, q_bar, k_full, k_empty,
+                 v_full, v_empty, q0, tok0, lq, kvh, hi, n_tiles, stride_qt, stride_qh, sb_k,
+                 stride_kt, sb_v, stride_vt, GROUP: gl.constexpr, GROUP_P: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, PAGE: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, NS: gl.constexpr, P_WARPS: gl.constexpr):
+    """cp.async Q, then K_j and V_j into ring slot j % NS once the consumers freed it; each
+    copy arrives on the slot's ``full`` barrier when it lands. A tile's block ids load before
+    the wait for its slot (the consumers free a slot two tiles before they need its data)."""
+    TPC: gl.constexpr = HEAD_DIM // 8
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [P_WARPS, 1], [1, 0])
+    dcol = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD))
+    qr = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
+    q_tok = tok0 + qr // GROUP_P
+    q_ok = (q_tok < lq) & (qr % GROUP_P < GROUP)
+    q_head = kvh * GROUP + qr % GROUP_P
+    q_row = (q0 + q_tok).to(gl.int64) * stride_qt + q_head.to(gl.int64) * stride_qh
+    async_copy.async_copy_global_to_shared(q_smem, q_ptr + (q_row[:, None] + dcol[None, :]),
+                                           mask=q_ok[:, None])
+    async_copy.mbarrier_arrive(q_bar, increment_count=False)
+    # a tile goes in two halves of SUB rows: 8 rows per producer thread at a time (registers)
+    SUB: gl.constexpr = BLOCK_N // 2
+    TPP: gl.constexpr = PAGE if PAGE < SUB else SUB
+    r = gl.arange(0, SUB, layout=gl.SliceLayout(1, LD))
+    for j in range(n_tiles):
+        slot = j % NS
+        ph = ((j // NS) & 1) ^ 1  # the consumers' release of this slot's previous tile
+        start = j * BLOCK_N
+        ids0 = _ids(bt_row, start, hi, r, PAGE, SUB)  # in flight during the wait
+        ids1 = _ids(bt_row, start + SUB, hi, r, PAGE, SUB)
+        mbarrier.wait(k_empty.index(slot), ph, pred=j >= NS)
+        k_dst = k_ring.index(slot)
+        _issue(k_dst.slice(0, SUB), kc_h, ids0, start, hi, sb_k, stride_kt,
+               (r % TPP) * stride_kt, r, dcol, PAGE, SUB)
+        _issue(k_dst.slice(SUB, SUB), kc_h, ids1, start + SUB, hi, sb_k, stride_kt,
+               (r % TPP) * stride_kt, r, dcol, PAGE, SUB)
+        async_copy.mbarrier_arrive(k_full.index(slot), increment_count=False)
+        mbarrier.wait(v_empty.index(slot), ph, pred=j >= NS)
+        v_dst = v_ring.index(slot)
+        _issue(v_dst.slice(0, SUB), vc_h, ids0, start, hi, sb_v, stride_vt,
+               (r % TPP) * stride_vt, r, dcol, PAGE, SUB)
+        _issue(v_dst.slice(SUB, SUB), vc_h, ids1, start + SUB, hi, sb_v, stride_vt,
+               (r % TPP) * stride_vt, r, dcol, PAGE, SUB)
+        async_copy.mbarrier_arrive(v_full.index(slot), increment_count=False)
+
+
+@gluon.jit
+def _ws_consumer(out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empty, v_full,
+                 v_empty, q0, tok0, lq, kvh, prefix, hi, full, n_tiles, qk_scale, stride_ot,
+                 stride_oh, stride_lt, stride_lh, GROUP: gl.constexpr, GROUP_P: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 NS: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
+                 LOOP_FENCE: gl.constexpr, C_WARPS: gl.constexpr):
+    """The loop of :func:`extend_fwd_sm90` without the loads: S_t and P_{t-1} V_{t-1} in flight
+    together, the softmax of tile t under the second; slots released once their wgmma is done."""
+    dtype: gl.constexpr = q_smem.dtype
+    MMA_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[C_WARPS, 1],
+                                                    instr_shape=[16, BLOCK_N, 16])
+    MMA_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[C_WARPS, 1],
+                                                    instr_shape=[16, HEAD_DIM, 16])
+    P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_O, k_width=2)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, MMA_S)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
+    rows = gl.arange(0, BLOCK_M, layout=ROW_S)
+    row_pos = prefix + tok0 + rows // GROUP_P
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_full.index(0), 0)
+    if LOOP_FENCE:
+        fence_async_shared()
+    s = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)),
+                      gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_S), use_acc=False)
+    mbarrier.arrive(k_empty.index(0))
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW_S)
+    l_i = gl.zeros([BLOCK_M], gl.float32, ROW_S)
+    m_i, l_i, alpha, p = _softmax(s, m_i, l_i, 0, full, hi, row_pos, qk_scale, CAUSAL, BLOCK_N,
+                                  gl.SliceLayout(0, MMA_S))
+    p16 = gl.convert_layout(p.to(dtype), P_OP)
+    o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA_O)
+    for t in range(1, n_tiles):
+        ks = t % NS
+        vs = (t - 1) % NS
+        mbarrier.wait(k_full.index(ks), (t // NS) & 1)
+        if LOOP_FENCE:
+            fence_async_shared()
+        s = warpgroup_mma(q_smem, k_ring.index(ks).permute((1, 0)), s, use_acc=False,
+                          is_async=True)
+        mbarrier.wait(v_full.index(vs), ((t - 1) // NS) & 1)
+        if LOOP_FENCE:
+            fence_async_shared()
+        o = warpgroup_mma(p16, v_ring.index(vs), o, is_async=True)
+        s = warpgroup_mma_wait(1, deps=[s])
+        mbarrier.arrive(k_empty.index(ks))
+        m_i, l_i, alpha, p = _softmax(s, m_i, l_i, t * BLOCK_N, full, hi, row_pos, qk_scale,
+                                      CAUSAL, BLOCK_N, gl.SliceLayout(0, MMA_S))
+        o, p16 = warpgroup_mma_wait(0, deps=[o, p16])
+        mbarrier.arrive(v_empty.index(vs))
+        o = o * gl.convert_layout(alpha, ROW_O)[:, None]
+        p16 = gl.convert_layout(p.to(dtype), P_OP)
+    vs = (n_tiles - 1) % NS
+    mbarrier.wait(v_full.index(vs), ((n_tiles - 1) // NS) & 1)
+    if LOOP_FENCE:
+        fence_async_shared()
+    o = warpgroup_mma(p16, v_ring.index(vs), o)
+    _epilogue(out_ptr, lse_ptr, o, m_i, l_i, q0, tok0, lq, kvh, stride_ot, stride_oh, stride_lt,
+              stride_lh, GROUP, GROUP_P, HEAD_DIM, BLOCK_M, RETURN_LSE, ROW_O,
+              gl.SliceLayout(0, MMA_O))
+
+
+@gluon.jit
+def _epilogue(out_ptr, lse_ptr, o, m_i, l_i, q0, tok0, lq, kvh, stride_ot, stride_oh, stride_lt,
+              stride_lh, GROUP: gl.constexpr, GROUP_P: gl.constexpr, HEAD_DIM: gl.constexpr,
+              BLOCK_M: gl.constexpr, RETURN_LSE: gl.constexpr, ROW_O: gl.constexpr,
+              COL_O: gl.constexpr):
+    """Normalise and store the valid rows (and the natural-log lse)."""
+    dtype: gl.constexpr = out_ptr.dtype.element_ty
+    l_o = gl.convert_layout(l_i, ROW_O)
+    o = o * gl.where(l_o > 0, 1.0 / gl.where(l_o > 0, l_o, 1.0), 0.0)[:, None]
+    ro = gl.arange(0, BLOCK_M, layout=ROW_O)
+    o_tok = tok0 + ro // GROUP_P
+    o_head = kvh * GROUP + ro % GROUP_P
+    o_ok = (o_tok < lq) & (ro % GROUP_P < GROUP)
+    do = gl.arange(0, HEAD_DIM, layout=COL_O)
+    o_tok64 = (q0 + o_tok).to(gl.int64)
+    o_row = o_tok64 * stride_ot + o_head.to(gl.int64) * stride_oh
+    gl.store(out_ptr + (o_row[:, None] + do[None, :]), o.to(dtype),
+             mask=o_ok[:, None] & (do < HEAD_DIM)[None, :])
+    if RETURN_LSE:
+        m_o = gl.convert_layout(m_i, ROW_O)
+        lse = gl.where(l_o > 0, m_o + gl.log2(gl.where(l_o > 0, l_o, 1.0)), float("-inf")) * _LN2
+        gl.store(lse_ptr + (o_tok64 * stride_lt + o_head.to(gl.int64) * stride_lh), lse,
+                 mask=o_ok)
+
+
+@gluon.jit
+def extend_fwd_sm90_ws(
+    q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, bt_ptr, cu_ptr, lens_ptr, qk_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_lh, stride_bt,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    GROUP: gl.constexpr, GROUP_P: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+    RETURN_LSE: gl.constexpr, LOOP_FENCE: gl.constexpr, P_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """Arguments and grid as :func:`extend_fwd_sm90`; num_warps consumer warps plus one producer
+    warpgroup (4 warps, P_REGS registers per thread)."""
+    BLOCK_Q: gl.constexpr = BLOCK_M // GROUP_P
+    NS: gl.constexpr = 3
+    P_WARPS: gl.constexpr = 4
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+
+    b = gl.program_id(2)
+    kvh = gl.program_id(1)
+    tok0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_Q  # last query block first
+    q0 = gl.load(cu_ptr + b)
+    lq = gl.load(cu_ptr + b + 1) - q0
+    lk = gl.load(lens_ptr + b)
+    if tok0 >= lq:
+        return
+    prefix = lk - lq
+    if CAUSAL:
+        hi = gl.minimum(lk, prefix + tok0 + BLOCK_Q)
+        full = (prefix + tok0 + 1) // BLOCK_N * BLOCK_N
+    else:
+        hi = lk
+        full = lk // BLOCK_N * BLOCK_N
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+    bt_row = bt_ptr + b.to(gl.int64) * stride_bt
+    kc_h = kc_ptr + kvh.to(gl.int64) * stride_kh
+    vc_h = vc_ptr + kvh.to(gl.int64) * stride_vh
+    sb_k = stride_kb.to(gl.uint32).to(gl.int64)
+    sb_v = stride_vb.to(gl.uint32).to(gl.int64)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
+    k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
+    v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    v_full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=P_WARPS * 32)  # one cp.async arrival per producer thread
+    for i in gl.static_range(NS):
+        mbarrier.init(k_full.index(i), count=P_WARPS * 32)
+        mbarrier.init(v_full.index(i), count=P_WARPS * 32)
+        mbarrier.init(k_empty.index(i), count=num_warps * 32)  # every consumer thread
+        mbarrier.init(v_empty.index(i), count=num_warps * 32)
+    gl.warp_specialize([
+        (_ws_consumer, (out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empty, v_full,
+                        v_empty, q0, tok0, lq, kvh, prefix, hi, full, n_tiles, qk_scale,
+                        stride_ot, stride_oh, stride_lt, stride_lh, GROUP, GROUP_P, HEAD_DIM,
+                        BLOCK_M, BLOCK_N, NS, CAUSAL, RETURN_LSE, LOOP_FENCE, num_warps)),
+        (_ws_producer, (q_ptr, kc_h, vc_h, bt_row, q_smem, k_ring, v_ring, q_bar, k_full, k_empty,
+                        v_full, v_empty, q0, tok0, lq, kvh, hi, n_tiles, stride_qt, stride_qh,
+                        sb_k, stride_kt, sb_v, stride_vt, GROUP, GROUP_P, HEAD_DIM, PAGE, BLOCK_M,
+                        BLOCK_N, NS, P_WARPS)),
+    ], [P_WARPS], [P_REGS])
