@@ -399,7 +399,14 @@ def _compile_gluon_offline(head_dim, causal, ws):
         os.remove(path)
         assert "STACK:0" in res and "LOCAL:0" in res, f"register spills: {res}"
     if ws:  # both roles got their registers (setmaxnreg): 200 for the consumers
-        assert f"setmaxnreg.inc.sync.aligned.u32 \t{G.P_REGS};" in ck.asm["ptx"]
+        ptx = ck.asm["ptx"]
+        assert f"setmaxnreg.inc.sync.aligned.u32 \t{G.P_REGS};" in ptx
+        # the consumers release a slot from one elected thread: the empty barriers count 1
+        # (a count of 256 deadlocked the H200, session 11 call 5)
+        assert "mbarrier.init.shared::cta.b64 [%r" in ptx
+        counts = [ln.rsplit(",", 1)[1].strip(" ;") for ln in ptx.splitlines()
+                  if "mbarrier.init" in ln]
+        assert sorted(set(counts)) == ["1", "128"], counts
 
 
 @pytest.mark.parametrize("head_dim,causal,ws", [(128, True, True), (64, False, True),

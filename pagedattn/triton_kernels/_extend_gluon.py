@@ -481,8 +481,9 @@ def extend_fwd_sm90_ws(
     for i in gl.static_range(NS):
         mbarrier.init(k_full.index(i), count=P_WARPS * 32)
         mbarrier.init(v_full.index(i), count=P_WARPS * 32)
-        mbarrier.init(k_empty.index(i), count=num_warps * 32)  # every consumer thread
-        mbarrier.init(v_empty.index(i), count=num_warps * 32)
+        # Gluon's mbarrier.arrive syncs the partition and arrives from one thread: count 1
+        mbarrier.init(k_empty.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=1)
     gl.warp_specialize([
         (_ws_consumer, (out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empty, v_full,
                         v_empty, q0, tok0, lq, kvh, prefix, hi, full, n_tiles, qk_scale,
