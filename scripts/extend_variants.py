@@ -55,6 +55,7 @@ ROWS = [
     ("gluon", "gluon", None),  # warp-specialized: a producer warpgroup gathers the pages
     ("gluon+fence", "gluon", None, None, None, "1"),  # fence.proxy.async after every wait
     ("gluon-1role", "gluon", None, None, None, None, "0"),  # one role: every warp loads
+    ("gluon-split", "gluon", None, None, None, None, "2"),  # two 4-warp consumers, 64 rows each
     ("pipe_fma#2", "pipe_fma", None),  # the default again, last: drift within the process
     ("early#2", "early", None),
 ]

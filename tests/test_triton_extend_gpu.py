@@ -123,10 +123,11 @@ GLUON_CASES = [  # every case must reach the Gluon kernel (asserted): rows >= on
 
 @pytest.mark.gpu
 @BF16_SKIP
-@pytest.mark.parametrize("ws", ["1", "0"])
+@pytest.mark.parametrize("ws", ["1", "2", "0"])
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
 def test_gpu_gluon_kernel(device, monkeypatch, case, ws):
-    """Both forms: warp-specialized (producer/consumer, the default) and single-role."""
+    """Every form: warp-specialized with one 8-warp consumer (the default) or two 4-warp ones,
+    and single-role."""
     from pagedattn.triton_kernels import _extend_variants as V
     gk = V.gluon_kernel()
     if gk is None or torch.cuda.get_device_capability()[0] != 9:

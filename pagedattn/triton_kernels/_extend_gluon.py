@@ -39,6 +39,7 @@ BLOCK_M, BLOCK_N, NUM_WARPS = 128, 128, 8
 # producer registers of the warp-specialized form: the least with no spill (sm_90, triton 3.6:
 # 96 spills 4 bytes); the consumers get (65536 - 128 * 104) / 256 -> 200 and need ~200
 P_REGS = 104
+C_REGS = 200  # the second consumer of the split form (the first gets 208)
 _ALIGN = 8  # elements: every row a cp.async reads starts on 16 bytes
 
 
@@ -71,13 +72,14 @@ def unsupported(call, ks, vs, family: str, group_p: int, max_q: int) -> list:
     return why
 
 
-def warp_specialized() -> bool:
-    """``PAGEDATTN_EXTEND_GLUON_WS`` (A/B runs): 1 (default) the producer/consumer form
-    (:func:`extend_fwd_sm90_ws`), 0 the single-role loop (:func:`extend_fwd_sm90`)."""
+def warp_specialized() -> int:
+    """``PAGEDATTN_EXTEND_GLUON_WS`` (A/B runs): 1 (default) a producer warpgroup and one 8-warp
+    consumer (:func:`extend_fwd_sm90_ws`), 2 the same with two 4-warp consumers of 64 rows each
+    (SPLIT), 0 the single-role loop (:func:`extend_fwd_sm90`)."""
     raw = os.environ.get("PAGEDATTN_EXTEND_GLUON_WS", "1")
-    if raw not in ("0", "1"):
-        raise ValueError(f"PAGEDATTN_EXTEND_GLUON_WS={raw!r}: expected 0 or 1")
-    return raw == "1"
+    if raw not in ("0", "1", "2"):
+        raise ValueError(f"PAGEDATTN_EXTEND_GLUON_WS={raw!r}: expected 0, 1 or 2")
+    return int(raw)
 
 
 def launch(call, ks, vs, group: int, group_p: int, max_q: int, lse):
@@ -86,7 +88,7 @@ def launch(call, ks, vs, group: int, group_p: int, max_q: int, lse):
     ret = bool(call.return_lse)
     grid = (triton.cdiv(max_q, BLOCK_M // group_p), g.num_kv_heads, call.num_seqs)
     ws = warp_specialized()
-    extra = dict(P_REGS=P_REGS) if ws else {}
+    extra = dict(P_REGS=P_REGS, SPLIT=ws == 2, C_REGS=C_REGS) if ws else {}
     (extend_fwd_sm90_ws if ws else extend_fwd_sm90)[grid](
         q, call.k_cache, call.v_cache, call.out, lse, call.block_table, call.cu_seqlens_q,
         call.seq_lens, float(call.opts.scale) * LOG2E, q.stride(0), q.stride(1),
@@ -95,7 +97,7 @@ def launch(call, ks, vs, group: int, group_p: int, max_q: int, lse):
         vs.block, vs.token, vs.head, GROUP=group, GROUP_P=group_p, HEAD_DIM=g.head_dim,
         PAGE=g.block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(call.causal),
         RETURN_LSE=ret, LOOP_FENCE=os.environ.get("PAGEDATTN_EXTEND_GLUON_FENCE", "") == "1",
-        num_warps=NUM_WARPS, **extra)
+        num_warps=NUM_WARPS // 2 if ws == 2 else NUM_WARPS, **extra)
 
 
 @gluon.jit
@@ -347,9 +349,11 @@ def _ws_consumer(out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empt
                  stride_oh, stride_lt, stride_lh, GROUP: gl.constexpr, GROUP_P: gl.constexpr,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  NS: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
-                 LOOP_FENCE: gl.constexpr, C_WARPS: gl.constexpr):
-    """The loop of :func:`extend_fwd_sm90` without the loads: S_t and P_{t-1} V_{t-1} in flight
-    together, the softmax of tile t under the second; slots released once their wgmma is done."""
+                 LOOP_FENCE: gl.constexpr, C_WARPS: gl.constexpr, ROW0: gl.constexpr,
+                 M: gl.constexpr):
+    """The loop of :func:`extend_fwd_sm90` without the loads, for the block's rows
+    [ROW0, ROW0 + M): S_t and P_{t-1} V_{t-1} in flight together, the softmax of tile t under
+    the second; slots released once their wgmma is done."""
     dtype: gl.constexpr = q_smem.dtype
     MMA_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[C_WARPS, 1],
                                                     instr_shape=[16, BLOCK_N, 16])
@@ -358,28 +362,29 @@ def _ws_consumer(out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empt
     P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_O, k_width=2)
     ROW_S: gl.constexpr = gl.SliceLayout(1, MMA_S)
     ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
-    rows = gl.arange(0, BLOCK_M, layout=ROW_S)
+    rows = ROW0 + gl.arange(0, M, layout=ROW_S)
     row_pos = prefix + tok0 + rows // GROUP_P
+    q_mine = q_smem if M == BLOCK_M else q_smem.slice(ROW0, M)
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_full.index(0), 0)
     if LOOP_FENCE:
         fence_async_shared()
-    s = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)),
-                      gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_S), use_acc=False)
+    s = warpgroup_mma(q_mine, k_ring.index(0).permute((1, 0)),
+                      gl.zeros([M, BLOCK_N], gl.float32, MMA_S), use_acc=False)
     mbarrier.arrive(k_empty.index(0))
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW_S)
-    l_i = gl.zeros([BLOCK_M], gl.float32, ROW_S)
+    m_i = gl.full([M], float("-inf"), gl.float32, ROW_S)
+    l_i = gl.zeros([M], gl.float32, ROW_S)
     m_i, l_i, alpha, p = _softmax(s, m_i, l_i, 0, full, hi, row_pos, qk_scale, CAUSAL, BLOCK_N,
                                   gl.SliceLayout(0, MMA_S))
     p16 = gl.convert_layout(p.to(dtype), P_OP)
-    o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA_O)
+    o = gl.zeros([M, HEAD_DIM], gl.float32, MMA_O)
     for t in range(1, n_tiles):
         ks = t % NS
         vs = (t - 1) % NS
         mbarrier.wait(k_full.index(ks), (t // NS) & 1)
         if LOOP_FENCE:
             fence_async_shared()
-        s = warpgroup_mma(q_smem, k_ring.index(ks).permute((1, 0)), s, use_acc=False,
+        s = warpgroup_mma(q_mine, k_ring.index(ks).permute((1, 0)), s, use_acc=False,
                           is_async=True)
         mbarrier.wait(v_full.index(vs), ((t - 1) // NS) & 1)
         if LOOP_FENCE:
@@ -399,20 +404,20 @@ def _ws_consumer(out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empt
         fence_async_shared()
     o = warpgroup_mma(p16, v_ring.index(vs), o)
     _epilogue(out_ptr, lse_ptr, o, m_i, l_i, q0, tok0, lq, kvh, stride_ot, stride_oh, stride_lt,
-              stride_lh, GROUP, GROUP_P, HEAD_DIM, BLOCK_M, RETURN_LSE, ROW_O,
+              stride_lh, GROUP, GROUP_P, HEAD_DIM, ROW0, M, RETURN_LSE, ROW_O,
               gl.SliceLayout(0, MMA_O))
 
 
 @gluon.jit
 def _epilogue(out_ptr, lse_ptr, o, m_i, l_i, q0, tok0, lq, kvh, stride_ot, stride_oh, stride_lt,
               stride_lh, GROUP: gl.constexpr, GROUP_P: gl.constexpr, HEAD_DIM: gl.constexpr,
-              BLOCK_M: gl.constexpr, RETURN_LSE: gl.constexpr, ROW_O: gl.constexpr,
-              COL_O: gl.constexpr):
-    """Normalise and store the valid rows (and the natural-log lse)."""
+              ROW0: gl.constexpr, M: gl.constexpr, RETURN_LSE: gl.constexpr,
+              ROW_O: gl.constexpr, COL_O: gl.constexpr):
+    """Normalise and store the valid rows of [ROW0, ROW0 + M) (and the natural-log lse)."""
     dtype: gl.constexpr = out_ptr.dtype.element_ty
     l_o = gl.convert_layout(l_i, ROW_O)
     o = o * gl.where(l_o > 0, 1.0 / gl.where(l_o > 0, l_o, 1.0), 0.0)[:, None]
-    ro = gl.arange(0, BLOCK_M, layout=ROW_O)
+    ro = ROW0 + gl.arange(0, M, layout=ROW_O)
     o_tok = tok0 + ro // GROUP_P
     o_head = kvh * GROUP + ro % GROUP_P
     o_ok = (o_tok < lq) & (ro % GROUP_P < GROUP)
@@ -436,10 +441,12 @@ def extend_fwd_sm90_ws(
     GROUP: gl.constexpr, GROUP_P: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
     RETURN_LSE: gl.constexpr, LOOP_FENCE: gl.constexpr, P_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
+    SPLIT: gl.constexpr, C_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """Arguments and grid as :func:`extend_fwd_sm90`; num_warps consumer warps plus one producer
-    warpgroup (4 warps, P_REGS registers per thread)."""
+    """Arguments and grid as :func:`extend_fwd_sm90`; one producer warpgroup (4 warps, P_REGS
+    registers per thread) and the consumers: num_warps (8) warps in lockstep, or with SPLIT two
+    4-warp partitions of 64 rows each (num_warps 4; the second gets C_REGS registers) whose
+    phases drift apart, so one's softmax can run under the other's wgmmas."""
     BLOCK_Q: gl.constexpr = BLOCK_M // GROUP_P
     NS: gl.constexpr = 3
     P_WARPS: gl.constexpr = 4
@@ -481,16 +488,41 @@ def extend_fwd_sm90_ws(
     for i in gl.static_range(NS):
         mbarrier.init(k_full.index(i), count=P_WARPS * 32)
         mbarrier.init(v_full.index(i), count=P_WARPS * 32)
-        # Gluon's mbarrier.arrive syncs the partition and arrives from one thread: count 1
-        mbarrier.init(k_empty.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=1)
-    gl.warp_specialize([
-        (_ws_consumer, (out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empty, v_full,
-                        v_empty, q0, tok0, lq, kvh, prefix, hi, full, n_tiles, qk_scale,
-                        stride_ot, stride_oh, stride_lt, stride_lh, GROUP, GROUP_P, HEAD_DIM,
-                        BLOCK_M, BLOCK_N, NS, CAUSAL, RETURN_LSE, LOOP_FENCE, num_warps)),
-        (_ws_producer, (q_ptr, kc_h, vc_h, bt_row, q_smem, k_ring, v_ring, q_bar, k_full, k_empty,
-                        v_full, v_empty, q0, tok0, lq, kvh, hi, n_tiles, stride_qt, stride_qh,
-                        sb_k, stride_kt, sb_v, stride_vt, GROUP, GROUP_P, HEAD_DIM, PAGE, BLOCK_M,
-                        BLOCK_N, NS, P_WARPS)),
-    ], [P_WARPS], [P_REGS])
+        # Gluon's mbarrier.arrive syncs the partition and arrives from one thread: one arrival
+        # per consumer partition
+        mbarrier.init(k_empty.index(i), count=2 if SPLIT else 1)
+        mbarrier.init(v_empty.index(i), count=2 if SPLIT else 1)
+    # NOTE the partition arguments are written out: a tuple bound to a name first loses its
+    # constexprs (triton 3.6)
+    HALF: gl.constexpr = BLOCK_M // 2
+    if SPLIT:
+        gl.warp_specialize([
+            (_ws_consumer, (out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empty,
+                            v_full, v_empty, q0, tok0, lq, kvh, prefix, hi, full, n_tiles,
+                            qk_scale, stride_ot, stride_oh, stride_lt, stride_lh, GROUP, GROUP_P,
+                            HEAD_DIM, BLOCK_M, BLOCK_N, NS, CAUSAL, RETURN_LSE, LOOP_FENCE,
+                            num_warps, 0, HALF)),
+            (_ws_consumer, (out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empty,
+                            v_full, v_empty, q0, tok0, lq, kvh, prefix, hi, full, n_tiles,
+                            qk_scale, stride_ot, stride_oh, stride_lt, stride_lh, GROUP, GROUP_P,
+                            HEAD_DIM, BLOCK_M, BLOCK_N, NS, CAUSAL, RETURN_LSE, LOOP_FENCE,
+                            num_warps, HALF, HALF)),
+            (_ws_producer, (q_ptr, kc_h, vc_h, bt_row, q_smem, k_ring, v_ring, q_bar, k_full,
+                            k_empty, v_full, v_empty, q0, tok0, lq, kvh, hi, n_tiles, stride_qt,
+                            stride_qh,
+                            sb_k, stride_kt, sb_v, stride_vt, GROUP, GROUP_P, HEAD_DIM, PAGE,
+                            BLOCK_M, BLOCK_N, NS, P_WARPS))],
+            [num_warps, P_WARPS], [C_REGS, P_REGS])
+    else:
+        gl.warp_specialize([
+            (_ws_consumer, (out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empty,
+                            v_full, v_empty, q0, tok0, lq, kvh, prefix, hi, full, n_tiles,
+                            qk_scale, stride_ot, stride_oh, stride_lt, stride_lh, GROUP, GROUP_P,
+                            HEAD_DIM, BLOCK_M, BLOCK_N, NS, CAUSAL, RETURN_LSE, LOOP_FENCE,
+                            num_warps, 0, BLOCK_M)),
+            (_ws_producer, (q_ptr, kc_h, vc_h, bt_row, q_smem, k_ring, v_ring, q_bar, k_full,
+                            k_empty, v_full, v_empty, q0, tok0, lq, kvh, hi, n_tiles, stride_qt,
+                            stride_qh,
+                            sb_k, stride_kt, sb_v, stride_vt, GROUP, GROUP_P, HEAD_DIM, PAGE,
+                            BLOCK_M, BLOCK_N, NS, P_WARPS))],
+            [P_WARPS], [P_REGS])
