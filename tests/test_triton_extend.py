@@ -442,7 +442,7 @@ def test_gluon_variant_elsewhere_runs_the_default(device, monkeypatch):
     from pagedattn.triton_kernels import _extend_variants as V
     monkeypatch.setenv(V.ENV, V.GLUON)
     assert V.requested() == V.GLUON
-    assert V.resolve(has_mask=False, has_window=False, page=4) == V.VARIANTS[V.DEFAULT]
+    assert V.resolve(has_mask=False, has_window=False, page=4) == V.VARIANTS[V.TRITON_DEFAULT]
     run_case(device, layout="bhsd", heads=(8, 2), bs=4, prefixes=[21, 0], extends=[9, 20],
              seed=71)
 
@@ -516,7 +516,8 @@ def test_extend_variant(device, monkeypatch, variant, case):
     assert V.resolve(has_mask=False, has_window=False, page=c["bs"]) \
         == V.VARIANTS[variant], "the variant must actually run for this case"
     monkeypatch.delenv(V.ENV)
-    assert V.requested() == V.DEFAULT == "early"  # unset: the measured winner
+    assert V.requested() == V.DEFAULT == "gluon"  # unset: the measured winner (sm_90)
+    assert V.resolve(has_mask=False, has_window=False, page=4) == V.VARIANTS["early"]
     monkeypatch.setenv(V.ENV, variant)
     run_case(device, seed=30 + case, **c)
 
@@ -529,7 +530,7 @@ def test_extend_variant_prefix_pass_with_k_new(device, monkeypatch, variant, cas
     from pagedattn.triton_kernels import _extend_variants as V
     monkeypatch.delenv(V.ENV, raising=False)
     assert V.resolve(has_mask=False, has_window=False, page=4) \
-        == V.VARIANTS[V.DEFAULT]
+        == V.VARIANTS[V.TRITON_DEFAULT]
     monkeypatch.setenv(V.ENV, variant)
     c = VARIANT_CASES[case]
     assert V.resolve(has_mask=False, has_window=False, page=c["bs"]) \

@@ -28,8 +28,9 @@ Ladder (each adds one change; bench/NOTES_extend.md has the offline SASS counts 
             load of the same iteration, so the sm_90 pipeliner keeps K/V multi-buffered
             (async_wait num=2 with 3 stages instead of num=0)
   pipe_fma  + dense-FA2 softmax on unmasked tiles: row max of the raw qk, one FFMA per logit
-  gluon     a separate sm_90 kernel in Gluon (_extend_gluon.py): each tile's softmax runs under
-            the previous tile's P V wgmma; other calls run DEFAULT
+  gluon     the default: a separate sm_90 kernel in Gluon (_extend_gluon.py), a producer warpgroup
+            gathering the pages and two consumer warpgroups; calls it cannot serve (other GPUs,
+            other triton versions, options, fewer than 128 query rows) run TRITON_DEFAULT
   early     + the first tile's block ids loaded before anything else, and no early-exit branch
             (cu_seqlens -> exit -> seq_lens/ids -> K/V was three dependent round trips before
             the first tile; cu_seqlens | seq_lens | ids -> K/V can be two). Measured level with
@@ -47,8 +48,9 @@ _LOG2E = tl.constexpr(LOG2E)
 
 VARIANTS = {"twostage": 0, "onepass": 1, "pages": 2, "pipe": 3, "pipe_fma": 4, "early": 5,
             "gluon": 6}
-GLUON = "gluon"  # a separate kernel (_extend_gluon.py); calls it cannot serve run DEFAULT
-DEFAULT = "early"
+GLUON = "gluon"  # a separate kernel (_extend_gluon.py); calls it cannot serve run TRITON_DEFAULT
+DEFAULT = "gluon"  # on sm_90 under triton 3.6 where it applies; everywhere else TRITON_DEFAULT
+TRITON_DEFAULT = "early"  # the Triton loop's default (calls the Gluon kernel cannot serve)
 ENV = "PAGEDATTN_EXTEND_VARIANT"
 
 
@@ -70,7 +72,7 @@ def resolve(*, has_mask: bool, has_window: bool, page: int) -> int:
     the two-stage loop's new-key stage (measured, H200 2026-11-30).
     """
     name = requested()
-    v = VARIANTS[DEFAULT if name == GLUON else name]
+    v = VARIANTS[TRITON_DEFAULT if name == GLUON else name]
     pow2 = page > 0 and page & (page - 1) == 0
     return v if v and not has_mask and not has_window and pow2 else 0
 
