@@ -25,8 +25,10 @@ if triton_available():
     import importlib
 
     from pagedattn.triton_kernels import _MODULES
+    from pagedattn.triton_kernels import _extend_variants
     for _name in _MODULES.values():
         importlib.import_module(_name)
+    _extend_variants.gluon_kernel()  # the Gluon module too, where this triton runs it
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
