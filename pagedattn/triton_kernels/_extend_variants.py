@@ -1,6 +1,8 @@
 """Key-loop variants of the extend kernel (``PAGEDATTN_EXTEND_VARIANT``).
 
-Scope: no custom mask, no window, a power-of-2 page. Those calls run ``early`` by default, with
+Scope: no custom mask, no window, a power-of-2 page. By default (``gluon``) the calls the Gluon
+sm_90 kernel serves run it (``_extend_gluon.py``; H200 session 11: 63.6 / 61.4 / 51.3 / 50.8 % of
+the matmul rate from graphs); the others run ``early`` (TRITON_DEFAULT), with
 64-key masked (diagonal) tiles on sm_90 (``_extend_configs``: ``block_nm``). H200, triton 3.6,
 session 10 (bench/results/2026-12-01-h200-s10/extend_variants_03f9a32.md), % of the matmul rate on
 the four issue shapes: ``pipe_fma`` 53.4-54.2 / 41.4 / 43.6 / 51.5-51.7, ``early`` 54.0 / 41.6 /

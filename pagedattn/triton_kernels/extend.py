@@ -14,6 +14,9 @@ Grid: (cdiv(max Lq, BLOCK_Q), num_kv_heads, num_seqs). A program owns BLOCK_M = 
 rows (query token major, the GQA heads of one KV head minor), so every KV tile is loaded once per
 head group and fed to one tl.dot. Programs past a request's Lq exit at once; query blocks are
 issued last-first so the longest (most keys) start earliest.
+
+On sm_90 under triton 3.6, :func:`run` hands the calls it can serve to the Gluon kernel
+(``_extend_gluon.py``: a producer warpgroup and two consumer warpgroups; same grid and rows).
 """
 import torch
 import triton
