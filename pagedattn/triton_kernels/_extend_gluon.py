@@ -1,11 +1,18 @@
-"""Extend attention for sm_90 in Gluon: the softmax of tile t under the P @ V wgmma of tile t-1.
+"""Extend attention for sm_90 in Gluon: a producer warpgroup gathers the pages, two consumer
+warpgroups run the softmax of tile t under the P @ V wgmma of tile t-1.
 
-Why (bench/NOTES_extend.md, sessions 5 and 10): the Triton loop runs its two wgmmas and the
+Why (bench/NOTES_extend.md, sessions 5, 10 and 11): the Triton loop runs its two wgmmas and the
 softmax of a tile back to back, so a 128 x 128 tile costs the tensor time (~1.4 us at the
-matmul rate) plus the softmax (~0.8 us). Here each iteration issues S_t = Q K_t^T and
+matmul rate) plus the softmax (~0.8 us). Here each consumer iteration issues S_t = Q K_t^T and
 O += P_{t-1} V_{t-1} together, waits for S_t only, and computes the softmax of tile t while the
-P V wgmma runs (FA3's intra-warpgroup overlap). Everything is explicit: the layouts, a 3-slot
-shared-memory ring per K and V filled by cp.async from the paged cache, the wgmma waits.
+P V wgmma runs (FA3's intra-warpgroup overlap); two 4-warp consumers of 64 rows each drift out of
+phase, so one's softmax also runs under the other's wgmmas. Everything is explicit: the layouts,
+3-slot shared-memory rings for K and V filled by cp.async from the paged cache, mbarriers, the
+wgmma waits.
+
+Two kernels (``PAGEDATTN_EXTEND_GLUON_WS``, :func:`warp_specialized`): :func:`extend_fwd_sm90_ws`
+(the default; producer + two consumers, or + one 8-warp consumer) and :func:`extend_fwd_sm90`
+(one role: the same loop with every warp issuing the copies; measured slower, kept for the A/B).
 
 Scope (the launcher checks it: :func:`unsupported`): sm_90 under triton 3.6, fp16/bf16 q and
 cache of the same dtype, head_dim 64 or 128, a cache whose head dim is contiguous (bhsd, bshd),
@@ -14,7 +21,7 @@ soft-cap, ALiBi or sinks. Grid and row order as ``extend._extend_fwd``: (query b
 last-first, KV head, request); a program owns BLOCK_M = BLOCK_Q x GROUP_P rows (query token
 major, GQA head minor).
 
-Pipeline, 3 slots per ring; group G_t = {K_t, V_{t-1}} (G_0 also holds Q):
+Single-role pipeline, 3 slots per ring; cp.async group G_t = {K_t, V_{t-1}} (G_0 also holds Q):
 
   iteration t:  wait G_t | barrier | S_t = Q K_t^T (async) | O += P_{t-1} V_{t-1} (async)
                 issue K_{t+2}, V_{t+1} (slots freed by tiles t-1, t-2) | wait S_t
