@@ -161,6 +161,35 @@ def _softmax(s, m_i, l_i, start, full, hi, row_pos, qk_scale, CAUSAL: gl.constex
 
 
 @gluon.jit
+def _key_range(tok0, lq, lk, CAUSAL: gl.constexpr, BLOCK_Q: gl.constexpr,
+               BLOCK_N: gl.constexpr):
+    """(prefix, hi, full, n_tiles) of the query block at tok0: keys [0, hi) are read, tiles below
+    ``full`` are visible to every row; n_tiles >= 1 when tok0 < lq (then lk >= lq > tok0)."""
+    prefix = lk - lq
+    if CAUSAL:
+        hi = gl.minimum(lk, prefix + tok0 + BLOCK_Q)  # past the block's last query position
+        full = (prefix + tok0 + 1) // BLOCK_N * BLOCK_N  # keys every row of the block sees
+    else:
+        hi = lk
+        full = lk // BLOCK_N * BLOCK_N
+    return prefix, hi, full, gl.cdiv(hi, BLOCK_N)
+
+
+@gluon.jit
+def _load_q(q_smem, q_ptr, q0, tok0, lq, kvh, stride_qt, stride_qh, dcol, GROUP: gl.constexpr,
+            GROUP_P: gl.constexpr, BLOCK_M: gl.constexpr, LD: gl.constexpr):
+    """cp.async the block's BLOCK_M query rows (token major, GQA head minor) into q_smem; rows
+    past lq or past the group are zero-filled."""
+    qr = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
+    q_tok = tok0 + qr // GROUP_P
+    q_ok = (q_tok < lq) & (qr % GROUP_P < GROUP)
+    q_head = kvh * GROUP + qr % GROUP_P
+    q_row = (q0 + q_tok).to(gl.int64) * stride_qt + q_head.to(gl.int64) * stride_qh
+    async_copy.async_copy_global_to_shared(q_smem, q_ptr + (q_row[:, None] + dcol[None, :]),
+                                           mask=q_ok[:, None])
+
+
+@gluon.jit
 def extend_fwd_sm90(
     q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr,  # q/out [T, Hq, D]; caches: any D-contiguous layout
     bt_ptr, cu_ptr, lens_ptr,  # int32 block table [B, W], cu_seqlens_q [B + 1], seq_lens [B]
@@ -194,14 +223,7 @@ def extend_fwd_sm90(
     lk = gl.load(lens_ptr + b)
     if tok0 >= lq:
         return
-    prefix = lk - lq
-    if CAUSAL:
-        hi = gl.minimum(lk, prefix + tok0 + BLOCK_Q)  # past the block's last query position
-        full = (prefix + tok0 + 1) // BLOCK_N * BLOCK_N  # keys every row of the block sees
-    else:
-        hi = lk
-        full = lk // BLOCK_N * BLOCK_N
-    n_tiles = gl.cdiv(hi, BLOCK_N)  # >= 1: lk >= lq > tok0
+    prefix, hi, full, n_tiles = _key_range(tok0, lq, lk, CAUSAL, BLOCK_Q, BLOCK_N)
 
     bt_row = bt_ptr + b.to(gl.int64) * stride_bt
     kc_h = kc_ptr + kvh.to(gl.int64) * stride_kh
@@ -221,29 +243,24 @@ def extend_fwd_sm90(
     ids0 = _ids(bt_row, 0, hi, r, PAGE, BLOCK_N)
     ids1 = _ids(bt_row, BLOCK_N, hi, r, PAGE, BLOCK_N)
     ids_v = _ids(bt_row, 2 * BLOCK_N, hi, r, PAGE, BLOCK_N)
-    qr = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
-    q_tok = tok0 + qr // GROUP_P
-    q_ok = (q_tok < lq) & (qr % GROUP_P < GROUP)
-    q_head = kvh * GROUP + qr % GROUP_P
-    q_row = (q0 + q_tok).to(gl.int64) * stride_qt + q_head.to(gl.int64) * stride_qh
-    async_copy.async_copy_global_to_shared(q_smem, q_ptr + (q_row[:, None] + dcol[None, :]),
-                                           mask=q_ok[:, None])
+    _load_q(q_smem, q_ptr, q0, tok0, lq, kvh, stride_qt, stride_qh, dcol, GROUP, GROUP_P, BLOCK_M,
+            LD)
     _issue(k_ring.index(0), kc_h, ids0, 0, hi, sb_k, stride_kt, k_tok, r, dcol,
-               PAGE, BLOCK_N)
+           PAGE, BLOCK_N)
     async_copy.commit_group()
     _issue(k_ring.index(1), kc_h, ids1, BLOCK_N, hi, sb_k, stride_kt, k_tok, r, dcol,
-               PAGE, BLOCK_N)
+           PAGE, BLOCK_N)
     _issue(v_ring.index(0), vc_h, ids0, 0, hi, sb_v, stride_vt, v_tok, r, dcol,
-               PAGE, BLOCK_N)
+           PAGE, BLOCK_N)
     async_copy.commit_group()
     ids_k = _ids(bt_row, 3 * BLOCK_N, hi, r, PAGE, BLOCK_N)
     async_copy.wait_group(1)
     fence_async_shared()
     gl.thread_barrier()
     _issue(k_ring.index(2), kc_h, ids_v, 2 * BLOCK_N, hi, sb_k, stride_kt, k_tok, r, dcol,
-               PAGE, BLOCK_N)
+           PAGE, BLOCK_N)
     _issue(v_ring.index(1), vc_h, ids1, BLOCK_N, hi, sb_v, stride_vt, v_tok, r, dcol,
-               PAGE, BLOCK_N)
+           PAGE, BLOCK_N)
     async_copy.commit_group()
 
     rows = gl.arange(0, BLOCK_M, layout=ROW_S)
@@ -283,23 +300,9 @@ def extend_fwd_sm90(
     gl.thread_barrier()
     o = warpgroup_mma(p16, v_ring.index((n_tiles - 1) % NS), o)
 
-    # epilogue: normalise, store the valid rows
-    l_o = gl.convert_layout(l_i, ROW_O)
-    o = o * gl.where(l_o > 0, 1.0 / gl.where(l_o > 0, l_o, 1.0), 0.0)[:, None]
-    ro = gl.arange(0, BLOCK_M, layout=ROW_O)
-    o_tok = tok0 + ro // GROUP_P
-    o_head = kvh * GROUP + ro % GROUP_P
-    o_ok = (o_tok < lq) & (ro % GROUP_P < GROUP)
-    do = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, MMA_O))
-    o_tok64 = (q0 + o_tok).to(gl.int64)
-    o_row = o_tok64 * stride_ot + o_head.to(gl.int64) * stride_oh
-    gl.store(out_ptr + (o_row[:, None] + do[None, :]), o.to(dtype),
-             mask=o_ok[:, None] & (do < HEAD_DIM)[None, :])
-    if RETURN_LSE:
-        m_o = gl.convert_layout(m_i, ROW_O)
-        lse = gl.where(l_o > 0, m_o + gl.log2(gl.where(l_o > 0, l_o, 1.0)), float("-inf")) * _LN2
-        gl.store(lse_ptr + (o_tok64 * stride_lt + o_head.to(gl.int64) * stride_lh), lse,
-                 mask=o_ok)
+    _epilogue(out_ptr, lse_ptr, o, m_i, l_i, q0, tok0, lq, kvh, stride_ot, stride_oh, stride_lt,
+              stride_lh, GROUP, GROUP_P, HEAD_DIM, 0, BLOCK_M, RETURN_LSE, ROW_O,
+              gl.SliceLayout(0, MMA_O))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -318,13 +321,8 @@ def _ws_producer(q_ptr, kc_h, vc_h, bt_row, q_smem, k_ring, v_ring, q_bar, k_ful
     TPC: gl.constexpr = HEAD_DIM // 8
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [P_WARPS, 1], [1, 0])
     dcol = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD))
-    qr = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
-    q_tok = tok0 + qr // GROUP_P
-    q_ok = (q_tok < lq) & (qr % GROUP_P < GROUP)
-    q_head = kvh * GROUP + qr % GROUP_P
-    q_row = (q0 + q_tok).to(gl.int64) * stride_qt + q_head.to(gl.int64) * stride_qh
-    async_copy.async_copy_global_to_shared(q_smem, q_ptr + (q_row[:, None] + dcol[None, :]),
-                                           mask=q_ok[:, None])
+    _load_q(q_smem, q_ptr, q0, tok0, lq, kvh, stride_qt, stride_qh, dcol, GROUP, GROUP_P, BLOCK_M,
+            LD)
     async_copy.mbarrier_arrive(q_bar, increment_count=False)
     # a tile goes in two halves of SUB rows: 8 rows per producer thread at a time (registers)
     SUB: gl.constexpr = BLOCK_N // 2
@@ -471,14 +469,7 @@ def extend_fwd_sm90_ws(
     lk = gl.load(lens_ptr + b)
     if tok0 >= lq:
         return
-    prefix = lk - lq
-    if CAUSAL:
-        hi = gl.minimum(lk, prefix + tok0 + BLOCK_Q)
-        full = (prefix + tok0 + 1) // BLOCK_N * BLOCK_N
-    else:
-        hi = lk
-        full = lk // BLOCK_N * BLOCK_N
-    n_tiles = gl.cdiv(hi, BLOCK_N)
+    prefix, hi, full, n_tiles = _key_range(tok0, lq, lk, CAUSAL, BLOCK_Q, BLOCK_N)
     bt_row = bt_ptr + b.to(gl.int64) * stride_bt
     kc_h = kc_ptr + kvh.to(gl.int64) * stride_kh
     vc_h = vc_ptr + kvh.to(gl.int64) * stride_vh
