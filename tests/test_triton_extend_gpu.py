@@ -50,31 +50,36 @@ def test_gpu_overflow_query_offsets(device):
         assert_attn_close(out[s], ro, torch.float16, what=f"request {i}")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["bhsd", "vllm"])
-def test_gpu_overflow_cache_offsets(device, layout):
-    """§D5 / vLLM PR #47671: the request's pages are the top ids of a cache whose last block
-    starts past 2^31 elements (block x stride computed in int32 would wrap)."""
+def overflow_cache_case(device, layout, dtype, lq, seed):
+    """One request whose pages are the top ids of a cache whose last block starts past 2^31
+    elements (block x stride computed in int32 would wrap); the pool outside them is NaN.
+    Runs the Triton backend and checks it against the oracle."""
     hkv, d, bs, nblk = 8, 128, 16, 140_000
-    kc, vc = pa.make_kv_cache(nblk, bs, hkv, d, layout=layout, dtype=torch.float16,
-                              device=device)
+    kc, vc = pa.make_kv_cache(nblk, bs, hkv, d, layout=layout, dtype=dtype, device=device)
     assert (nblk - 1) * kc.stride(0) > 2 ** 31, "last block must start past the int32 range"
-    prefix, lq = 1000, 24
+    prefix = 1000
     n = prefix + lq
     pages = (n + bs - 1) // bs
     ids = torch.arange(nblk - pages, nblk, device=device).flip(0)  # top ids, reversed
     kc.fill_(float("nan")), vc.fill_(float("nan"))  # poison: the pool outside the request
-    gen = torch.Generator(device=device).manual_seed(22)
-    kc[ids.long()] = torch.randn(kc[ids.long()].shape, generator=gen, device=device).half()
-    vc[ids.long()] = torch.randn(vc[ids.long()].shape, generator=gen, device=device).half()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    kc[ids.long()] = torch.randn(kc[ids.long()].shape, generator=gen, device=device).to(dtype)
+    vc[ids.long()] = torch.randn(vc[ids.long()].shape, generator=gen, device=device).to(dtype)
     table = ids.to(torch.int32).view(1, -1)
     lens = torch.tensor([n], dtype=torch.int32, device=device)
-    q = torch.randn(lq, 32, d, generator=gen, device=device).half()
+    q = torch.randn(lq, 32, d, generator=gen, device=device).to(dtype)
     out = pa.extend_attention(q, kc, vc, table, _cu([lq], device), lens, layout=layout,
                               backend="triton")
     k, v = pa.layouts.gather_kv(kc, vc, table[0], n, layout)
     ro, _ = dense_attention(q, k, v, range(prefix, n), scale=d ** -0.5)
-    assert_attn_close(out, ro, torch.float16)
+    assert_attn_close(out, ro, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bhsd", "vllm"])
+def test_gpu_overflow_cache_offsets(device, layout):
+    """§D5 / vLLM PR #47671: cache offsets past the int32 range."""
+    overflow_cache_case(device, layout, torch.float16, lq=24, seed=22)
 
 
 @pytest.mark.gpu
@@ -121,22 +126,28 @@ GLUON_CASES = [  # every case must reach the Gluon kernel (asserted): rows >= on
 ]
 
 
-@pytest.mark.gpu
-@BF16_SKIP
-@pytest.mark.parametrize("ws", ["1", "2", "0"])
-@pytest.mark.parametrize("case", range(len(GLUON_CASES)))
-def test_gpu_gluon_kernel(device, monkeypatch, case, ws):
-    """Every form: warp-specialized with one 8-warp consumer (the default) or two 4-warp ones,
-    and single-role."""
+def gluon_launches(monkeypatch):
+    """Select the Gluon kernel (skip where it cannot run) and count its launches."""
     from pagedattn.triton_kernels import _extend_variants as V
     gk = V.gluon_kernel()
     if gk is None or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon kernel needs sm_90 and triton " + V.GLUON_TRITON)
     monkeypatch.setenv(V.ENV, V.GLUON)
-    monkeypatch.setenv("PAGEDATTN_EXTEND_GLUON_WS", ws)
     launches = []
     real = gk.launch
     monkeypatch.setattr(gk, "launch", lambda *a, **k: (launches.append(1), real(*a, **k)))
+    return launches
+
+
+@pytest.mark.gpu
+@BF16_SKIP
+@pytest.mark.parametrize("ws", ["1", "2", "0"])
+@pytest.mark.parametrize("case", range(len(GLUON_CASES)))
+def test_gpu_gluon_kernel(device, monkeypatch, case, ws):
+    """Every form: warp-specialized with one 8-warp consumer or two 4-warp ones (the default),
+    and single-role."""
+    launches = gluon_launches(monkeypatch)
+    monkeypatch.setenv("PAGEDATTN_EXTEND_GLUON_WS", ws)
     run_case(device, seed=60 + case, **GLUON_CASES[case])
     assert launches, "the call fell back to the Triton kernel"
 
@@ -145,32 +156,6 @@ def test_gpu_gluon_kernel(device, monkeypatch, case, ws):
 @BF16_SKIP
 def test_gpu_gluon_overflow_cache_offsets(device, monkeypatch):
     """§D5 under the Gluon kernel: pages past 2^31 elements, the pool outside them NaN."""
-    from pagedattn.triton_kernels import _extend_variants as V
-    gk = V.gluon_kernel()
-    if gk is None or torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon kernel needs sm_90 and triton " + V.GLUON_TRITON)
-    monkeypatch.setenv(V.ENV, V.GLUON)
-    hkv, d, bs, nblk = 8, 128, 16, 140_000
-    kc, vc = pa.make_kv_cache(nblk, bs, hkv, d, layout="bhsd", dtype=torch.bfloat16,
-                              device=device)
-    assert (nblk - 1) * kc.stride(0) > 2 ** 31, "last block must start past the int32 range"
-    prefix, lq = 1000, 64
-    n = prefix + lq
-    pages = (n + bs - 1) // bs
-    ids = torch.arange(nblk - pages, nblk, device=device).flip(0)
-    kc.fill_(float("nan")), vc.fill_(float("nan"))
-    gen = torch.Generator(device=device).manual_seed(24)
-    kc[ids.long()] = torch.randn(kc[ids.long()].shape, generator=gen, device=device).bfloat16()
-    vc[ids.long()] = torch.randn(vc[ids.long()].shape, generator=gen, device=device).bfloat16()
-    table = ids.to(torch.int32).view(1, -1)
-    lens = torch.tensor([n], dtype=torch.int32, device=device)
-    q = torch.randn(lq, 32, d, generator=gen, device=device).bfloat16()
-    launches = []
-    real = gk.launch
-    monkeypatch.setattr(gk, "launch", lambda *a, **k: (launches.append(1), real(*a, **k)))
-    out = pa.extend_attention(q, kc, vc, table, _cu([lq], device), lens, layout="bhsd",
-                              backend="triton")
+    launches = gluon_launches(monkeypatch)
+    overflow_cache_case(device, "bhsd", torch.bfloat16, lq=64, seed=24)
     assert launches, "the call fell back to the Triton kernel"
-    k, v = pa.layouts.gather_kv(kc, vc, table[0], n, "bhsd")
-    ro, _ = dense_attention(q, k, v, range(prefix, n), scale=d ** -0.5)
-    assert_attn_close(out, ro, torch.bfloat16)
