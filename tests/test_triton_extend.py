@@ -334,21 +334,26 @@ def _compile_offline(target, variant="twostage", new_from_cache=True):
 def test_kernel_compiles_for_real_targets(target, variant):
     """The interpreter skips the real compiler (it accepted a non-constexpr global in jit code
     that the compiler rejects): compile offline for sm_90 and gfx942, no GPU needed."""
-    import os
-    import subprocess
-    import sys
-
     triton = pytest.importorskip("triton")
     plugin = {"cuda": "nvidia", "hip": "amd"}[target.split(":")[0]]
     if plugin not in getattr(triton.backends, "backends", {}):
         pytest.skip(f"this triton build has no {plugin} backend")
+    name, _, k_new = variant.partition("+")
+    _run_offline(f"_compile_offline({target!r}, {name!r}, {not k_new})")
+
+
+def _run_offline(call: str):
+    """Run ``test_triton_extend.<call>`` in a subprocess without TRITON_INTERPRET (the
+    interpreter replaces @triton.jit at decoration) and fail with its stderr."""
+    import os
+    import subprocess
+    import sys
+
     here = os.path.dirname(os.path.abspath(__file__))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), here, env.get("PYTHONPATH", "")])
-    name, _, k_new = variant.partition("+")
-    r = subprocess.run([sys.executable, "-c", "import test_triton_extend as t; "
-                        f"t._compile_offline({target!r}, {name!r}, {not k_new})"], env=env,
-                       cwd=here, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", f"import test_triton_extend as t; t.{call}"],
+                       env=env, cwd=here, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -416,24 +421,13 @@ def test_gluon_kernel_compiles_for_sm90(head_dim, causal, ws):
     """The Gluon kernel is written for triton 3.6's Gluon API (the H200's): compile it offline
     under that triton (``make test-gpu-triton``); other versions skip (the launcher does not use
     the kernel under them)."""
-    import os
-    import subprocess
-    import sys
-
     triton = pytest.importorskip("triton")
     from pagedattn.triton_kernels import _extend_variants as V
     if not triton.__version__.startswith(V.GLUON_TRITON):
         pytest.skip(f"triton {triton.__version__}: the Gluon kernel targets {V.GLUON_TRITON}x")
     if "nvidia" not in getattr(triton.backends, "backends", {}):
         pytest.skip("this triton build has no nvidia backend")
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), here, env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", "import test_triton_extend as t; "
-                        f"t._compile_gluon_offline({head_dim}, {causal}, {ws})"], env=env,
-                        cwd=here,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    _run_offline(f"_compile_gluon_offline({head_dim}, {causal}, {ws})")
 
 
 def test_gluon_variant_elsewhere_runs_the_default(device, monkeypatch):
