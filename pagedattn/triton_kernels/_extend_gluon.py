@@ -161,6 +161,18 @@ def _softmax(s, m_i, l_i, start, full, hi, row_pos, qk_scale, CAUSAL: gl.constex
 
 
 @gluon.jit
+def _program(cu_ptr, lens_ptr, BLOCK_Q: gl.constexpr):
+    """(request b, KV head, first query token, q0, Lq, Lk) of this program: grid (query blocks
+    last-first, KV head, request), as ``extend._extend_fwd``."""
+    b = gl.program_id(2)
+    kvh = gl.program_id(1)
+    tok0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_Q  # last query block first
+    q0 = gl.load(cu_ptr + b)
+    lq = gl.load(cu_ptr + b + 1) - q0
+    return b, kvh, tok0, q0, lq, gl.load(lens_ptr + b)
+
+
+@gluon.jit
 def _key_range(tok0, lq, lk, CAUSAL: gl.constexpr, BLOCK_Q: gl.constexpr,
                BLOCK_N: gl.constexpr):
     """(prefix, hi, full, n_tiles) of the query block at tok0: keys [0, hi) are read, tiles below
@@ -215,12 +227,7 @@ def extend_fwd_sm90(
     KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
 
-    b = gl.program_id(2)
-    kvh = gl.program_id(1)
-    tok0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_Q  # last query block first
-    q0 = gl.load(cu_ptr + b)
-    lq = gl.load(cu_ptr + b + 1) - q0
-    lk = gl.load(lens_ptr + b)
+    b, kvh, tok0, q0, lq, lk = _program(cu_ptr, lens_ptr, BLOCK_Q)
     if tok0 >= lq:
         return
     prefix, hi, full, n_tiles = _key_range(tok0, lq, lk, CAUSAL, BLOCK_Q, BLOCK_N)
@@ -461,12 +468,7 @@ def extend_fwd_sm90_ws(
     KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
 
-    b = gl.program_id(2)
-    kvh = gl.program_id(1)
-    tok0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_Q  # last query block first
-    q0 = gl.load(cu_ptr + b)
-    lq = gl.load(cu_ptr + b + 1) - q0
-    lk = gl.load(lens_ptr + b)
+    b, kvh, tok0, q0, lq, lk = _program(cu_ptr, lens_ptr, BLOCK_Q)
     if tok0 >= lq:
         return
     prefix, hi, full, n_tiles = _key_range(tok0, lq, lk, CAUSAL, BLOCK_Q, BLOCK_N)
