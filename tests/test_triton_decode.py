@@ -255,9 +255,9 @@ def test_fp8_tile_sheds_a_stage_where_shared_memory_is_short(monkeypatch):
 def test_parts_per_program_rejects_bad_values(device, monkeypatch):
     monkeypatch.setenv("PAGEDATTN_DECODE_PPP", "0")
     with pytest.raises(ValueError, match="PAGEDATTN_DECODE_PPP"):
-        PD._parts_per_program(64, 8, 16, 32, 128, 4, 3, 2, torch.device(device))
+        PD._parts_per_program(64, 8, 48 * 1024, 4, torch.device(device))
     monkeypatch.setenv("PAGEDATTN_DECODE_PPP", "auto")
-    assert PD._parts_per_program(64, 8, 16, 32, 128, 4, 3, 2, torch.device("cpu")) == 1
+    assert PD._parts_per_program(64, 8, 48 * 1024, 4, torch.device("cpu")) == 1
 
 
 def test_out_buffer_fused_qkv_noncontiguous_cache(device, mode_guard):
@@ -441,3 +441,124 @@ def test_forced_modes_take_effect(device, mode_guard, monkeypatch):
     for mode in MODES:
         _decode(b, q, mode=mode, partition_size=16)
     assert seen == MODES
+
+
+# ----------------------------------------------------------------------------------------------
+# the Gluon sm_90 kernel (_decode_gluon): gate on any machine, launches on the H200
+# ----------------------------------------------------------------------------------------------
+
+def test_decode_variant_knobs_reject_bad_values(monkeypatch):
+    monkeypatch.setenv(PD.VARIANT_ENV, "fast")
+    with pytest.raises(ValueError, match=PD.VARIANT_ENV):
+        PD.variant()
+    monkeypatch.setenv(PD.VARIANT_ENV, "triton")
+    assert PD.variant() == "triton"
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from pagedattn.triton_kernels import _decode_gluon as G
+    for bad in ("64", "64,1", "48,3", "x,y"):
+        monkeypatch.setenv(G.ENV_TILE, bad)
+        with pytest.raises(ValueError, match=G.ENV_TILE):
+            G.tile()
+
+
+def test_gluon_decode_unsupported_reasons(monkeypatch):
+    """The Gluon decode gate names every reason a call cannot use it, and none of them depends
+    on the batch (checked on the host, so on any machine)."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from pagedattn import layouts as L
+    from pagedattn.triton_kernels import _decode_gluon as G
+    calls = []
+    monkeypatch.setattr(PD, "run", lambda call: (calls.append(call), call.out.zero_())[0] and None)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors through backend="triton"
+
+    def reasons(layout="bhsd", d=128, bs=16, heads=(32, 8), lq=1, dtype=torch.float16,
+                kv_dtype=None, batch=2, part=512, **kw):
+        hq, hkv = heads
+        kc, vc = pa.make_kv_cache(8, bs, hkv, d, layout=layout, dtype=kv_dtype or dtype)
+        q = torch.randn((batch, hq, d) if lq == 1 else (batch, lq, hq, d), dtype=dtype)
+        sc = torch.ones(hkv) if kv_dtype in FP8 else None
+        pa.paged_decode(q, kc, vc, torch.zeros(batch, 8, dtype=torch.int32),
+                        torch.full((batch,), lq, dtype=torch.int32), layout=layout,
+                        backend="triton",
+                        k_scale=sc, v_scale=sc, **kw)
+        c = calls.pop()
+        return G.unsupported(c, L.k_strides(c.k_cache, layout), L.v_strides(c.v_cache, layout),
+                             (hq // hkv) * lq, part)
+
+    base = reasons()
+    assert base == ["not an sm_90 GPU"], base  # the CPU: only the device is wrong
+    assert reasons(batch=1) == reasons(batch=7) == base  # never the batch
+    assert reasons(layout="bshd", d=64, bs=1, heads=(64, 1)) == base
+    assert reasons(heads=(32, 8), lq=16) == base  # 64 rows
+    assert reasons(bs=256, part=64) == base
+    more = {
+        "one 16-bit dtype": reasons(dtype=torch.float32),
+        "16-bit dtype ": reasons(kv_dtype=torch.float8_e4m3fn),
+        "head_dim": reasons(d=96),
+        "rows": reasons(heads=(32, 8), lq=17),
+        "window": reasons(sliding_window=8),
+        "soft-cap": reasons(logit_cap=5.0),
+        "ALiBi": reasons(alibi_slopes=torch.ones(32)),
+        "sinks": reasons(sinks=torch.ones(32)),
+        "contiguous": reasons(layout="vllm"),
+        "contiguous ": reasons(layout="hcu"),
+        "partition size": reasons(part=32),
+    }
+    for want, why in more.items():
+        assert why[0] == base[0] and any(want.strip() in w for w in why[1:]), (want, why)
+
+
+def _gluon_count(monkeypatch):
+    """Counts the Gluon decode kernel's launches; skips where it cannot run."""
+    G = PD.gluon_kernel()
+    if G is None or not G.is_sm90(torch.device("cuda")):
+        pytest.skip("the Gluon decode kernel runs on sm_90 under triton 3.6")
+    n = [0]
+    real = G.launch
+
+    def counted(*a, **kw):
+        n[0] += 1
+        return real(*a, **kw)
+    monkeypatch.setattr(G, "launch", counted)
+    return n
+
+
+GLUON_CASES = [  # dtype, layout, (Hq, Hkv), D, block, q_len, partition, lens
+    (torch.bfloat16, "bhsd", (32, 8), 128, 16, 1, None, [1, 16, 64, 65, 511, 512, 4097, 9000]),
+    (torch.float16, "bshd", (32, 32), 128, 64, 1, 64, [1, 63, 64, 700, 2048]),
+    (torch.bfloat16, "bshd", (64, 1), 64, 1, 1, 256, [1, 3, 300, 257]),
+    (torch.float16, "bhsd", (16, 2), 64, 256, 2, 512, [2, 255, 256, 257, 3000]),
+    (torch.bfloat16, "bhsd", (32, 8), 128, 32, 4, 128, [4, 129, 1000, 5000]),
+    (torch.bfloat16, "bshd", (8, 8), 128, 128, 1, 512, [1, 128, 129, 6000]),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(GLUON_CASES)))
+@pytest.mark.parametrize("tile", ["", "32,3", "32,4", "64,2", "128,2", "16,4"])
+def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
+    """The Gluon kernel against the float64 oracle over dtypes, layouts, groups 1-64, D 64/128,
+    blocks 1-256, speculative q_len, NaN-poisoned pages and table slack, every tile (knob);
+    split (1 and several partitions per program) == one pass, bit for bit; it really ran."""
+    qd, layout, (hq, hkv), d, bs, q_len, part, lens = GLUON_CASES[case]
+    if tile:
+        monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_TILE", tile)
+    if part is not None and tile and part % int(tile.split(",")[0]):
+        part = 512
+    n = _gluon_count(monkeypatch)
+    gen = torch.Generator().manual_seed(100 + case)
+    b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
+                         dtype=qd, device=device, gen=gen, exact_capacity=case % 2 == 0)
+    shape = (len(lens), hq, d) if q_len == 1 else (len(lens), q_len, hq, d)
+    q = (3 * torch.randn(shape, generator=gen)).to(device=device, dtype=qd)
+    one, one_lse = _decode(b, q, mode="one_pass", partition_size=part, return_lse=True)
+    assert n[0] == 1, "the Gluon kernel did not run"
+    for ppp in ("1", "2", "auto"):
+        monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
+        out = torch.full_like(q, float("nan"))
+        _, lse = _decode(b, q, mode="split", partition_size=part, return_lse=True, out=out)
+        bad = (out != one).flatten(0, -3).any(-1).nonzero()[:5].tolist()
+        assert torch.equal(out, one), f"ppp {ppp}: differing (seq, head): {bad}"
+        assert torch.equal(lse, one_lse), f"ppp {ppp}: lse"
+    assert n[0] == 4
+    _check(b, q, one, one_lse, lens, q_len, tol_key(qd, qd))

@@ -89,3 +89,72 @@ def test_decode_compiles_for_sm90_with_overlapping_copies(block_size):
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(block_size)], env=env, cwd=HERE,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "DECODE_COMPILES_OK" in r.stdout, r.stderr[-3000:]
+
+
+GLUON_SCRIPT = r"""
+import glob, os, re, subprocess, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from pagedattn.triton_kernels import _decode_gluon as G
+
+one_pass, multi, d, group, lq, page = (int(x) for x in sys.argv[1:7])
+k = G.decode_sm90
+block_n, ns = G.TILE
+cst = dict(G=group, R=group * lq, D=d, PAGE=page, PART=512, BLOCK_N=block_n, NS=ns,
+           ONE_PASS=bool(one_pass), MULTI=bool(multi), CAUSAL=lq > 1, RETURN_LSE=True,
+           num_warps=G.NUM_WARPS)
+ptrs = {"bt_ptr": "*i32", "lens_ptr": "*i32", "lse_ptr": "*fp32", "ws_ml_ptr": "*fp32",
+        "ws_o_ptr": "*fp32"}
+names = k.arg_names
+
+
+def ty(n):
+    if n in cst:
+        return "constexpr"
+    if n.endswith("_ptr"):
+        return ptrs.get(n, "*bf16")
+    return "fp32" if n == "qk_scale" else "i32"
+
+
+attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+         if n.endswith("_ptr") or n.startswith("stride")}
+src = GluonASTSource(k, {n: ty(n) for n in names},
+                     constexprs={(names.index(c),): v for c, v in cst.items()}, attrs=attrs)
+ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=G.NUM_WARPS))
+assert "wgmma.mma_async" in ck.asm["ptx"] and "cp.async" in ck.asm["ptx"]
+assert ck.metadata.shared == G.smem_bytes(d, block_n, ns), ck.metadata.shared
+# two programs per SM (228 KB, 1 KB reserved per block) at D 128
+assert 2 * (ck.metadata.shared + 1024) <= 233472, ck.metadata.shared
+tool = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                              "cuobjdump"))
+if tool:
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"decode_gluon_{os.getpid()}.cubin")
+    with open(path, "wb") as f:
+        f.write(ck.asm["cubin"])
+    res = subprocess.run([tool[0], "-res-usage", path], capture_output=True, text=True).stdout
+    os.unlink(path)
+    assert re.search(r"STACK:0\b", res), f"the kernel spills: {res}"
+    regs = int(re.search(r"REG:(\d+)", res).group(1))
+    assert regs <= 255, regs
+print("GLUON_DECODE_COMPILES_OK")
+"""
+
+
+@pytest.mark.parametrize("form", ["1,0,128,4,1,16", "0,0,128,4,1,16", "0,1,128,4,1,64",
+                                  "1,0,64,64,1,1", "1,0,128,8,4,256"],
+                         ids=["one-pass", "split", "split-multi", "mqa-d64-page1",
+                              "spec-decode-page256"])
+def test_gluon_decode_compiles_for_sm90(form):
+    """The Gluon decode kernel (triton 3.6 only: Gluon's API moves between releases) for sm_90:
+    async wgmma and cp.async, the shared memory the launcher plans with, no spills."""
+    triton = pytest.importorskip("triton")
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip("the Gluon decode kernel is written for triton 3.6")
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("this triton build has no nvidia backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", GLUON_SCRIPT, *form.split(",")], env=env, cwd=HERE,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "GLUON_DECODE_COMPILES_OK" in r.stdout, r.stderr[-3000:]

@@ -189,12 +189,11 @@ def unsupported(q=None, k_cache=None, geom=None, **_):
     return why
 
 
-def _parts_per_program(programs, n_part_max, block_m, block_n, block_d, warps, stages, kv_bytes,
-                       device):
+def _parts_per_program(programs, n_part_max, smem, warps, device):
     """Partitions per split program (PAGEDATTN_DECODE_PPP: an integer, or ``auto``, the default).
 
-    ``auto``: as few as keep the split grid within one wave of resident programs (shared memory
-    of the K/V stages, warps per SM); the outputs are the same bits for any value, since each
+    ``auto``: as few as keep the split grid within one wave of resident programs (``smem``: one
+    program's shared memory; warps per SM); the outputs are the same bits for any value, since each
     partition's state and the combine's order do not change. H200 A/B of 2026-11-30
     (bench/results/2026-11-30-h200-s4/ppp_sweep.log): (8, 8192) 32/8 84.9 -> 72.9 us, (1, 32768)
     and (1, 4096) unchanged (one wave already).
@@ -206,11 +205,42 @@ def _parts_per_program(programs, n_part_max, block_m, block_n, block_d, warps, s
     if device.type != "cuda":
         return 1
     props = torch.cuda.get_device_properties(device)
-    smem = stages * block_n * block_d * 2 * kv_bytes + block_m * block_d * 2
     limit = getattr(props, "shared_memory_per_multiprocessor", 0) or 228 * 1024
     per_sm = max(1, min(limit // max(smem, 1), 64 // warps))
     slots = props.multi_processor_count * per_sm
     return min(n_part_max, max(1, -(-programs // slots)))
+
+
+VARIANT_ENV = "PAGEDATTN_DECODE_VARIANT"
+GLUON_TRITON = "3.6."  # the Gluon kernel is written and GPU-tested for this triton (Gluon's API
+# changes between releases)
+
+
+def variant() -> str:
+    """``PAGEDATTN_DECODE_VARIANT``: ``gluon`` (default: the Gluon kernel where its gate passes,
+    the Triton kernel elsewhere) or ``triton`` (always the Triton kernel; A/B runs)."""
+    raw = os.environ.get(VARIANT_ENV, "") or "gluon"
+    if raw not in ("gluon", "triton"):
+        raise ValueError(f"{VARIANT_ENV}={raw!r}: expected gluon or triton")
+    return raw
+
+
+def gluon_kernel():
+    """The Gluon decode module (``_decode_gluon``), or None under another triton."""
+    if not triton.__version__.startswith(GLUON_TRITON):
+        return None
+    from pagedattn.triton_kernels import _decode_gluon
+    return _decode_gluon
+
+
+def _gluon(call, ks, vs, rows, part, device):
+    """The Gluon module when it serves this call, else None (the Triton kernel runs)."""
+    if variant() != "gluon" or device.type != "cuda":
+        return None
+    gk = gluon_kernel()
+    if gk is None or gk.unsupported(call, ks, vs, rows, part):
+        return None
+    return gk
 
 
 def _mode(num_seqs, num_kv_heads, device):
@@ -244,7 +274,6 @@ def run(call):
     if dev.type != "cuda":
         block_n = 16  # interpreter: small tiles so tiny test sequences still span several
     block_n = min(block_n, max(16, part))
-    one_block = bs % block_n == 0 and part % block_n == 0
     n_part_max = max(1, triton.cdiv(call.block_table.shape[1] * bs, part))  # host bound, no sync
     mode = _mode(nb, hkv, dev)
     ks, vs = L.k_strides(call.k_cache, call.layout), L.v_strides(call.v_cache, call.layout)
@@ -261,12 +290,45 @@ def run(call):
                   HAS_SINK=o.sinks is not None, HAS_KV_SCALE=has_kv_scale,
                   RETURN_LSE=call.return_lse)
     # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
+    gk = _gluon(call, ks, vs, rows, part, dev)
+    if gk is not None:
+        block_n, ns = gk.tile()
+        smem, warps = gk.smem_bytes(d, block_n, ns), gk.NUM_WARPS
+    else:
+        smem = (num_stages * block_n * block_d * 2 * call.k_cache.element_size()
+                + block_m * block_d * 2)
+        warps = num_warps
     ppp = 1
     if mode == "split" and n_part_max > 1:
-        ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, block_m, block_n, block_d,
-                                 num_warps, num_stages, call.k_cache.element_size(), dev)
+        ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev)
     grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
     pdl = mode == "split" and n_part_max > 1 and _pdl(dev)
+    if gk is not None:
+        gk.launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max,
+                  ppp, mode == "one_pass")
+    else:
+        _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max,
+                       ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
+                       common)
+    if mode == "split" and n_part_max > 1:
+        c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)
+        # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
+        _combine_kernel[(hkv, nb, rows * c_dsplit)](
+            seq_lens_ptr=call.seq_lens, v_scale_ptr=o.v_scale if has_kv_scale else dummy,
+            sinks_ptr=o.sinks if o.sinks is not None else dummy, out_ptr=out4, lse_ptr=lse,
+            ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, Hq=hq, LQ=lq, P=n_part_max, PART=part,
+            stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
+            UNROLL=c_unroll, DSPLIT=c_dsplit, C_STAGES=c_stages, PDL=pdl, num_warps=c_warps,
+            launch_pdl=pdl, **common)
+    return lse.view(q.shape[:-1]) if call.return_lse else None
+
+
+def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max, ppp,
+                   mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages, common):
+    """The Triton decode kernel (``_decode_kernels._decode_kernel``) on ``grid``."""
+    q, o, bs = call.q, call.opts, call.geom.block_size
+    lq, hq, d = q4.shape[1], q4.shape[2], q4.shape[3]
+    one_block = bs % block_n == 0 and part % block_n == 0
     _decode_kernel[grid](
         q_ptr=q4, k_ptr=call.k_cache, v_ptr=call.v_cache, block_table_ptr=call.block_table,
         seq_lens_ptr=call.seq_lens,
@@ -291,17 +353,6 @@ def run(call):
         PPP=ppp, CAUSAL=lq > 1,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
-        F16_DOT=_f16_dot(q.dtype, call.k_cache.dtype, dev), BLOCK_M=block_m, num_warps=num_warps,
-        num_stages=num_stages, **_maxnreg(dev),
+        F16_DOT=_f16_dot(q.dtype, call.k_cache.dtype, q.device), BLOCK_M=block_m,
+        num_warps=num_warps, num_stages=num_stages, **_maxnreg(q.device),
         **common)
-    if mode == "split" and n_part_max > 1:
-        c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)
-        # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
-        _combine_kernel[(hkv, nb, rows * c_dsplit)](
-            seq_lens_ptr=call.seq_lens, v_scale_ptr=o.v_scale if has_kv_scale else dummy,
-            sinks_ptr=o.sinks if o.sinks is not None else dummy, out_ptr=out4, lse_ptr=lse,
-            ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, Hq=hq, LQ=lq, P=n_part_max, PART=part,
-            stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
-            UNROLL=c_unroll, DSPLIT=c_dsplit, C_STAGES=c_stages, PDL=pdl, num_warps=c_warps,
-            launch_pdl=pdl, **common)
-    return lse.view(q.shape[:-1]) if call.return_lse else None
