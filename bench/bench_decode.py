@@ -16,6 +16,10 @@ Shapes: Hq/Hkv 32/8 and 32/32, D 128, bf16, block 16 and 64, (batch, ctx) in
   Every peer is wrapped in try/except: a failure is a note in the table, never a crash.
 * ``hip``: the hand-written HIP/CUDA backend (issue 6), timed like ``triton`` (its build is a
   JIT compile on first use; a failure is a note).
+* ``triton_gluon``: the Triton backend with ``PAGEDATTN_DECODE_VARIANT=gluon`` (the opt-in Gluon
+  sm_90 kernel; the Triton kernel where its gate refuses the call).
+* CUDA-graph times (``*_graph_*``): the median of ROUNDS rounds; each round times every peer
+  once, in an order rotated by one peer per round.
 
 Usage: ``python -m bench.bench_decode [--quick] [--out DIR] [--mode one_pass|split]``.
 On a CPU it runs one tiny shape under the Triton interpreter and says so (timings meaningless).
@@ -23,6 +27,7 @@ On a CPU it runs one tiny shape under the Triton interpreter and says so (timing
 import argparse
 import datetime
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -32,6 +37,9 @@ SHAPES = [(1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512)]
 HEADS = [(32, 8), (32, 32)]
 BLOCKS = [16, 64]
 D = 128
+# graph timings per peer: the median of ROUNDS rounds, the peers in a rotated order each round
+# (one pass in a fixed order let drift within a row favour whichever peer ran first or last)
+ROUNDS = 3
 
 
 def _bench(fn, device):
@@ -47,13 +55,13 @@ def _bench(fn, device):
     return (time.perf_counter() - t) * 1e6
 
 
-def _bench_graph(fn):
+def _bench_graph(fn, rep=100):
     """µs per call when 10 calls replay from one CUDA graph (bench.common.time_fn).
 
     NOTE serving engines capture decode in CUDA graphs; eager timing of a ~30 us kernel mostly
     measures the Python launch path (validation, dispatch, argument packing), so both are shown.
     """
-    return time_fn(fn, device="cuda", cuda_graph=True, graph_calls=10, rep=100) * 1e6
+    return time_fn(fn, device="cuda", cuda_graph=True, graph_calls=10, rep=rep) * 1e6
 
 
 def _case(batch, ctx, hq, hkv, bs, dtype, device, gen):
@@ -81,6 +89,22 @@ def _ours(q, k, v, table, lens, out, backend, kv_scale=None):
     kw = dict(k_scale=kv_scale, v_scale=kv_scale) if kv_scale is not None else {}
     return lambda: pa.paged_decode(q, k, v, table, lens, backend=backend, out=out,
                                    validate=False, **kw)
+
+
+def _with_env(fn, **env):
+    """fn, called with the environment variables ``env`` set (restored after each call)."""
+    def run():
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return fn()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return run
 
 
 def _sdpa(q, k, v, table, lens, bs):
@@ -179,6 +203,10 @@ def main(argv=None):
                            MB=round(nbytes / 1e6, 1))
                 out = torch.empty_like(q)
                 peers = {"triton": lambda: _ours(q, k, v, table, lens, out, "triton")}
+                if device == "cuda":  # the Gluon sm_90 kernel (opt-in), where it serves
+                    peers["triton_gluon"] = lambda: _with_env(
+                        _ours(q, k, v, table, lens, out, "triton"),
+                        PAGEDATTN_DECODE_VARIANT="gluon")
                 if device == "cuda":
                     peers["hip"] = lambda: _ours(q, k, v, table, lens, out, "hip")
                     peers["sdpa"] = lambda: _sdpa(q, k, v, table, lens, bs)
@@ -189,22 +217,32 @@ def main(argv=None):
                         peers["flashinfer_cuda"] = lambda: _flashinfer(q, k, v, table, lens, bs,
                                                                        tensor_cores=False)
                 notes = []
+                fns = {}
                 for name, make in peers.items():
                     try:
                         fn = make()
                         us = _bench(fn, device)
                         row[f"{name}_us"] = round(us, 1)
                         row[f"{name}_frac"] = round(nbytes / (us * 1e-6) / bw, 3)
-                        if device == "cuda":
-                            try:
-                                gus = _bench_graph(fn)
-                                row[f"{name}_graph_us"] = round(gus, 1)
-                                row[f"{name}_graph_frac"] = round(nbytes / (gus * 1e-6) / bw, 3)
-                            except Exception as e:  # noqa: BLE001
-                                notes.append(f"{name} graph: {type(e).__name__}: {e}"[:100])
-                        fn = None
+                        fns[name] = fn
                     except Exception as e:  # noqa: BLE001
                         notes.append(f"{name}: {type(e).__name__}: {e}"[:100])
+                if device == "cuda":  # graph timings in rounds, each in a rotated peer order
+                    times = {name: [] for name in fns}
+                    for r in range(ROUNDS):
+                        order = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
+                        for name in order:
+                            try:
+                                times[name].append(_bench_graph(fns[name], rep=60))
+                            except Exception as e:  # noqa: BLE001
+                                if not any(n.startswith(f"{name} graph") for n in notes):
+                                    notes.append(f"{name} graph: {type(e).__name__}: {e}"[:100])
+                    for name, ts in times.items():
+                        if ts:
+                            gus = statistics.median(ts)
+                            row[f"{name}_graph_us"] = round(gus, 1)
+                            row[f"{name}_graph_frac"] = round(nbytes / (gus * 1e-6) / bw, 3)
+                fns = fn = None
                 row["note"] = "; ".join(notes)
                 rows.append(row)
                 del q, k, v, table, lens, out
@@ -216,7 +254,8 @@ def main(argv=None):
               f"\n\nread bandwidth ({bw_how}; bytes read / time): {bw / 1e9:.2f} GB/s "
               f"(GB/s of each: {', '.join(f'{k} {v:.0f}' for k, v in bw_all.items())}); "
               f"frac = (K+V+q+out bytes / time) / that; *_graph_* = "
-              f"time per call replayed from a CUDA graph of 10 calls (how engines run decode); "
+              f"time per call replayed from a CUDA graph of 10 calls (how engines run decode), "
+              f"median of {ROUNDS} rounds in rotated peer order; "
               f"flashinfer {fi_note}\n")
     table_md = tabulate(df, headers="keys", tablefmt="github", showindex=False)
     print(header)

@@ -451,7 +451,9 @@ def test_decode_variant_knobs_reject_bad_values(monkeypatch):
     monkeypatch.setenv(PD.VARIANT_ENV, "fast")
     with pytest.raises(ValueError, match=PD.VARIANT_ENV):
         PD.variant()
-    monkeypatch.setenv(PD.VARIANT_ENV, "triton")
+    monkeypatch.setenv(PD.VARIANT_ENV, "gluon")
+    assert PD.variant() == "gluon"
+    monkeypatch.delenv(PD.VARIANT_ENV)
     assert PD.variant() == "triton"
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from pagedattn.triton_kernels import _decode_gluon as G
@@ -546,6 +548,7 @@ def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
     if part is not None and tile and part % int(tile.split(",")[0]):
         part = 512
     n = _gluon_count(monkeypatch)
+    monkeypatch.setenv(PD.VARIANT_ENV, "gluon")
     gen = torch.Generator().manual_seed(100 + case)
     b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
                          dtype=qd, device=device, gen=gen, exact_capacity=case % 2 == 0)

@@ -54,7 +54,8 @@ def unsupported(call, ks, vs, family: str, group_p: int, max_q: int) -> list:
     """Reasons this kernel cannot serve a validated ExtendCall ([] = it can)."""
     q, g, o = call.q, call.geom, call.opts
     why = []
-    if family != "sm90" or interpreter_enabled() or not q.is_cuda:
+    if family != "sm90" or interpreter_enabled() or not q.is_cuda \
+            or torch.cuda.get_device_capability(q.device) != (9, 0):  # wgmma: sm_90 only
         why.append("not an sm_90 GPU")
     if q.dtype not in (torch.float16, torch.bfloat16) or call.k_cache.dtype != q.dtype \
             or call.v_cache.dtype != q.dtype or call.out.dtype != q.dtype:

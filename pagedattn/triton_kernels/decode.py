@@ -217,9 +217,14 @@ GLUON_TRITON = "3.6."  # the Gluon kernel is written and GPU-tested for this tri
 
 
 def variant() -> str:
-    """``PAGEDATTN_DECODE_VARIANT``: ``gluon`` (default: the Gluon kernel where its gate passes,
-    the Triton kernel elsewhere) or ``triton`` (always the Triton kernel; A/B runs)."""
-    raw = os.environ.get(VARIANT_ENV, "") or "gluon"
+    """``PAGEDATTN_DECODE_VARIANT``: ``triton`` (default: the Triton kernel) or ``gluon`` (the
+    Gluon sm_90 kernel, ``_decode_gluon``, where its gate passes; the Triton kernel elsewhere).
+
+    H200, session 12 (bench/results/2026-12-01-h200-s12, one process, CUDA graphs): level with
+    the Triton kernel within the run-to-run spread on the issue's large rows, 5-8 % slower at
+    (1, 32768) 32/8; so it is opt-in, and bench_decode times it beside the default.
+    """
+    raw = os.environ.get(VARIANT_ENV, "") or "triton"
     if raw not in ("gluon", "triton"):
         raise ValueError(f"{VARIANT_ENV}={raw!r}: expected gluon or triton")
     return raw
