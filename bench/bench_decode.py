@@ -16,8 +16,9 @@ Shapes: Hq/Hkv 32/8 and 32/32, D 128, bf16, block 16 and 64, (batch, ctx) in
   Every peer is wrapped in try/except: a failure is a note in the table, never a crash.
 * ``hip``: the hand-written HIP/CUDA backend (issue 6), timed like ``triton`` (its build is a
   JIT compile on first use; a failure is a note).
-* ``triton_gluon``: the Triton backend with ``PAGEDATTN_DECODE_VARIANT=gluon`` (the opt-in Gluon
-  sm_90 kernel; the Triton kernel where its gate refuses the call).
+* ``triton`` is the backend's default (``PAGEDATTN_DECODE_VARIANT=auto``: the Gluon sm_90 kernel
+  for MHA, the Triton kernel for GQA); ``triton_tl`` forces the Triton kernel and
+  ``triton_gluon`` the Gluon kernel (the Triton kernel where the Gluon gate refuses the call).
 * CUDA-graph times (``*_graph_*``): the median of ROUNDS rounds; each round times every peer
   once, in an order rotated by one peer per round.
 
@@ -203,7 +204,10 @@ def main(argv=None):
                            MB=round(nbytes / 1e6, 1))
                 out = torch.empty_like(q)
                 peers = {"triton": lambda: _ours(q, k, v, table, lens, out, "triton")}
-                if device == "cuda":  # the Gluon sm_90 kernel (opt-in), where it serves
+                if device == "cuda":  # each decode kernel of the Triton backend alone
+                    peers["triton_tl"] = lambda: _with_env(
+                        _ours(q, k, v, table, lens, out, "triton"),
+                        PAGEDATTN_DECODE_VARIANT="triton")
                     peers["triton_gluon"] = lambda: _with_env(
                         _ours(q, k, v, table, lens, out, "triton"),
                         PAGEDATTN_DECODE_VARIANT="gluon")

@@ -451,16 +451,20 @@ def test_decode_variant_knobs_reject_bad_values(monkeypatch):
     monkeypatch.setenv(PD.VARIANT_ENV, "fast")
     with pytest.raises(ValueError, match=PD.VARIANT_ENV):
         PD.variant()
-    monkeypatch.setenv(PD.VARIANT_ENV, "gluon")
-    assert PD.variant() == "gluon"
+    for name in ("gluon", "triton", "auto"):
+        monkeypatch.setenv(PD.VARIANT_ENV, name)
+        assert PD.variant() == name
     monkeypatch.delenv(PD.VARIANT_ENV)
-    assert PD.variant() == "triton"
+    assert PD.variant() == "auto"
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from pagedattn.triton_kernels import _decode_gluon as G
     for bad in ("64", "64,1", "48,3", "x,y"):
         monkeypatch.setenv(G.ENV_TILE, bad)
         with pytest.raises(ValueError, match=G.ENV_TILE):
             G.tile()
+    monkeypatch.setenv(G.ENV_EARLY, "yes")
+    with pytest.raises(ValueError, match=G.ENV_EARLY):
+        G.early()
 
 
 def test_gluon_decode_unsupported_reasons(monkeypatch):
@@ -537,12 +541,16 @@ GLUON_CASES = [  # dtype, layout, (Hq, Hkv), D, block, q_len, partition, lens
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
-@pytest.mark.parametrize("tile", ["", "32,3", "32,4", "64,2", "128,2", "16,4"])
+@pytest.mark.parametrize("tile", ["", "32,3", "32,4", "64,3", "128,2", "16,4", "early",
+                                  "early-32,3"])
 def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
     """The Gluon kernel against the float64 oracle over dtypes, layouts, groups 1-64, D 64/128,
     blocks 1-256, speculative q_len, NaN-poisoned pages and table slack, every tile (knob);
     split (1 and several partitions per program) == one pass, bit for bit; it really ran."""
     qd, layout, (hq, hkv), d, bs, q_len, part, lens = GLUON_CASES[case]
+    if tile.startswith("early"):
+        monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_EARLY", "1")
+        tile = tile[6:]
     if tile:
         monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_TILE", tile)
     if part is not None and tile and part % int(tile.split(",")[0]):
@@ -565,3 +573,24 @@ def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
         assert torch.equal(lse, one_lse), f"ppp {ppp}: lse"
     assert n[0] == 4
     _check(b, q, one, one_lse, lens, q_len, tol_key(qd, qd))
+
+
+@pytest.mark.gpu
+def test_gpu_decode_default_picks_gluon_for_mha_only(device, mode_guard, monkeypatch):
+    """The default (PAGEDATTN_DECODE_VARIANT=auto) runs the Gluon kernel for MHA and the Triton
+    kernel for GQA; ``triton`` never runs it."""
+    n = _gluon_count(monkeypatch)
+    gen = torch.Generator().manual_seed(5)
+    for (hq, hkv), env, want in (((8, 8), None, 1), ((8, 2), None, 0), ((8, 8), "triton", 0),
+                                 ((8, 2), "gluon", 1)):
+        if env:
+            monkeypatch.setenv(PD.VARIANT_ENV, env)
+        else:
+            monkeypatch.delenv(PD.VARIANT_ENV, raising=False)
+        b = make_paged_batch([100, 700], num_kv_heads=hkv, head_dim=128, block_size=16,
+                             layout="bhsd", dtype=torch.bfloat16, device=device, gen=gen)
+        q = torch.randn(2, hq, 128, generator=gen).to(device=device, dtype=torch.bfloat16)
+        before = n[0]
+        out = _decode(b, q, mode="split", partition_size=512)
+        assert n[0] - before == want, ((hq, hkv), env)
+        _check(b, q, out, None, [100, 700], 1, tol_key(q.dtype, q.dtype))

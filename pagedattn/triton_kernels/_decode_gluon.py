@@ -15,7 +15,8 @@ programs fold each partition's state into registers at its last tile with the ex
 ``_decode_kernels._merge``; split programs park (m_p, l_p, acc_p) for the Triton combine, which
 folds them in the same order: outputs are bitwise equal across launch shapes (batch invariance).
 This kernel never serves a call half-way: the gate (:func:`unsupported`) does not depend on the
-batch, so a sequence always runs the same kernel.
+batch, so a sequence always runs the same kernel. Split programs let the combine launch early
+(griddepcontrol.launch_dependents, as the Triton kernel; Gluon has no call for it: inline PTX).
 
 Scope: sm_90 under triton 3.6, fp16/bf16 q, caches and out of one dtype, head_dim 64 or 128, a
 cache whose head dim is contiguous (bhsd, bshd), any block size, G * Lq <= 64 rows,
@@ -26,6 +27,7 @@ Pipeline (NS ring slots, one cp.async group per tile {K_t, V_t}):
 
   iteration t: wait tile t | fence, barrier | issue tile t + NS - 1 into the slot of tile t - 1 |
                S = Q K_t^T | softmax | O = O alpha + P V_t | partition end: fold or park
+  (EARLY, an A/B knob: barrier | issue | wait tile t | fence, barrier | ...)
 """
 import os
 
@@ -49,6 +51,7 @@ NUM_WARPS = 4
 TILE = (64, 2)
 _ALIGN = 8  # elements: every row a cp.async reads starts on 16 bytes
 ENV_TILE = "PAGEDATTN_DECODE_GLUON_TILE"
+ENV_EARLY = "PAGEDATTN_DECODE_GLUON_EARLY"
 
 
 def tile() -> tuple:
@@ -63,6 +66,16 @@ def tile() -> tuple:
     if block_n not in (16, 32, 64, 128) or not 2 <= ns <= 6:
         raise ValueError(f"{ENV_TILE}={raw!r}: BLOCK_N in 16/32/64/128, NS in 2..6")
     return block_n, ns
+
+
+def early() -> bool:
+    """``PAGEDATTN_DECODE_GLUON_EARLY=1`` (A/B runs): each iteration refills its ring slot before
+    it waits for its tile (NS tiles in flight during the wait instead of NS - 1; one more barrier
+    per tile). Same values."""
+    raw = os.environ.get(ENV_EARLY, "0")
+    if raw not in ("0", "1"):
+        raise ValueError(f"{ENV_EARLY}={raw!r}: expected 0 or 1")
+    return raw == "1"
 
 
 def smem_bytes(head_dim: int, block_n: int, ns: int, elem: int = 2) -> int:
@@ -109,8 +122,9 @@ def unsupported(call, ks, vs, rows: int, part: int) -> list:
 
 
 def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max, ppp,
-           one_pass):
-    """Run the kernel on ``grid`` (as decode.run's Triton launch) for a call the gate accepted."""
+           one_pass, pdl):
+    """Run the kernel on ``grid`` (as decode.run's Triton launch) for a call the gate accepted;
+    pdl: the combine follows as a programmatic dependent launch (this grid lets it start)."""
     block_n, ns = tile()
     d = call.geom.head_dim
     decode_sm90[grid](
@@ -120,7 +134,7 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
         out4.stride(2), call.block_table.stride(0), ks.block, ks.token, ks.head, vs.block,
         vs.token, vs.head, G=group, R=rows, D=d, PAGE=call.geom.block_size, PART=part,
         BLOCK_N=block_n, NS=ns, ONE_PASS=one_pass, MULTI=ppp > 1, CAUSAL=q4.shape[1] > 1,
-        RETURN_LSE=bool(call.return_lse), num_warps=NUM_WARPS)
+        RETURN_LSE=bool(call.return_lse), EARLY=early(), PDL=pdl, num_warps=NUM_WARPS)
 
 
 @gluon.jit
@@ -187,7 +201,8 @@ def decode_sm90(
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PART: gl.constexpr,
     BLOCK_N: gl.constexpr, NS: gl.constexpr, ONE_PASS: gl.constexpr, MULTI: gl.constexpr,
-    CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, num_warps: gl.constexpr,
+    CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, EARLY: gl.constexpr, PDL: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     TPC: gl.constexpr = D // 8  # threads per row of a 16-byte-per-thread copy
@@ -206,6 +221,9 @@ def decode_sm90(
 
     # grid: (Hkv, B, P) split, (Hkv, B, cdiv(P, PPP)) split with MULTI, (Hkv, B, 1) one pass
     h = gl.program_id(0)
+    if PDL:  # the combine launch may start now; it waits for this grid before reading
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n mov.u32 $0, $1;", "=r,r",
+                                  [h], dtype=gl.int32, is_pure=False, pack=1)
     s = gl.program_id(1).to(gl.int64)
     seq_len = gl.load(lens_ptr + s)
     n_parts = gl.maximum((seq_len + PART - 1) // PART, 1)
@@ -270,16 +288,28 @@ def decode_sm90(
     big_a = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
     for t in range(n_tiles):
         start = t_lo + t * BLOCK_N
-        async_copy.wait_group(NS - 2)  # tile t landed (this thread's copies)
-        fence_async_shared()
-        gl.thread_barrier()  # every thread's copies; every warp done with tile t - 1's slot
         nx = start + (NS - 1) * BLOCK_N
-        _issue(k_ring.index((t + NS - 1) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt, k_tok,
-               r, dcol, PAGE, BLOCK_N)
-        _issue(v_ring.index((t + NS - 1) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt, v_tok,
-               r, dcol, PAGE, BLOCK_N)
-        async_copy.commit_group()
-        ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)  # used one tile later
+        if EARLY:  # refill first: NS tiles in flight during the wait, one more barrier
+            gl.thread_barrier()  # every warp done with tile t - 1's slot
+            _issue(k_ring.index((t + NS - 1) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt,
+                   k_tok, r, dcol, PAGE, BLOCK_N)
+            _issue(v_ring.index((t + NS - 1) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
+                   v_tok, r, dcol, PAGE, BLOCK_N)
+            async_copy.commit_group()
+            ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+            async_copy.wait_group(NS - 1)  # tile t landed (this thread's copies)
+            fence_async_shared()
+            gl.thread_barrier()  # every thread's copies
+        else:
+            async_copy.wait_group(NS - 2)  # tile t landed (this thread's copies)
+            fence_async_shared()
+            gl.thread_barrier()  # every thread's copies; every warp done with tile t - 1's slot
+            _issue(k_ring.index((t + NS - 1) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt,
+                   k_tok, r, dcol, PAGE, BLOCK_N)
+            _issue(v_ring.index((t + NS - 1) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
+                   v_tok, r, dcol, PAGE, BLOCK_N)
+            async_copy.commit_group()
+            ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)  # used one tile later
 
         sc = warpgroup_mma(q_smem, k_ring.index(t % NS).permute((1, 0)),
                            gl.zeros([_BLOCK_M, BLOCK_N], gl.float32, MMA_S), use_acc=False)

@@ -217,16 +217,23 @@ GLUON_TRITON = "3.6."  # the Gluon kernel is written and GPU-tested for this tri
 
 
 def variant() -> str:
-    """``PAGEDATTN_DECODE_VARIANT``: ``triton`` (default: the Triton kernel) or ``gluon`` (the
-    Gluon sm_90 kernel, ``_decode_gluon``, where its gate passes; the Triton kernel elsewhere).
+    """``PAGEDATTN_DECODE_VARIANT``: which kernel serves a decode call.
 
-    H200, session 12 (bench/results/2026-12-01-h200-s12, one process, CUDA graphs): level with
-    the Triton kernel within the run-to-run spread on the issue's large rows, 5-8 % slower at
-    (1, 32768) 32/8; so it is opt-in, and bench_decode times it beside the default.
+    * ``auto`` (default): the Gluon sm_90 kernel (``_decode_gluon``) for MHA calls (one query
+      head per KV head) its gate accepts, the Triton kernel for everything else;
+    * ``gluon``: the Gluon kernel wherever its gate accepts the call;
+    * ``triton``: always the Triton kernel.
+
+    The choice depends on the model (group size), dtypes, layout and options, never on the
+    batch, so batch invariance holds. H200, session 12 (bench/results/2026-12-01-h200-s12,
+    CUDA graphs, two processes): on 32/32 the Gluon kernel ran the large rows at 0.951-0.984 of
+    the read ceiling against the Triton kernel's 0.89-0.972, level elsewhere within the spread;
+    on 32/8 it was level on the large rows but 2-5 % slower on the split rows ((1, 32768),
+    (128, 512) at block 16), so GQA keeps the Triton kernel.
     """
-    raw = os.environ.get(VARIANT_ENV, "") or "triton"
-    if raw not in ("gluon", "triton"):
-        raise ValueError(f"{VARIANT_ENV}={raw!r}: expected gluon or triton")
+    raw = os.environ.get(VARIANT_ENV, "") or "auto"
+    if raw not in ("auto", "gluon", "triton"):
+        raise ValueError(f"{VARIANT_ENV}={raw!r}: expected auto, gluon or triton")
     return raw
 
 
@@ -239,8 +246,12 @@ def gluon_kernel():
 
 
 def _gluon(call, ks, vs, rows, part, device):
-    """The Gluon module when it serves this call, else None (the Triton kernel runs)."""
-    if variant() != "gluon" or device.type != "cuda":
+    """The Gluon module when it serves this call (:func:`variant`), else None (the Triton kernel
+    runs)."""
+    which = variant()
+    if which == "triton" or device.type != "cuda":
+        return None
+    if which == "auto" and call.q.shape[-2] != call.geom.num_kv_heads:
         return None
     gk = gluon_kernel()
     if gk is None or gk.unsupported(call, ks, vs, rows, part):
@@ -310,7 +321,7 @@ def run(call):
     pdl = mode == "split" and n_part_max > 1 and _pdl(dev)
     if gk is not None:
         gk.launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max,
-                  ppp, mode == "one_pass")
+                  ppp, mode == "one_pass", pdl)
     else:
         _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max,
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
