@@ -465,6 +465,31 @@ def test_decode_variant_knobs_reject_bad_values(monkeypatch):
     monkeypatch.setenv(G.ENV_EARLY, "yes")
     with pytest.raises(ValueError, match=G.ENV_EARLY):
         G.early()
+    monkeypatch.delenv(G.ENV_EARLY)
+    assert G.early()
+
+
+def test_decode_auto_variant_rule(monkeypatch):
+    """``auto`` hands the Gluon kernel MHA calls and calls on pages of >= one Gluon tile, never
+    GQA on shorter pages; ``gluon`` everything its gate accepts; ``triton`` nothing (host-only:
+    the module and its gate are stubbed)."""
+    from types import SimpleNamespace as NS
+    fake = NS(tile=lambda: (64, 2), unsupported=lambda *a: [])
+    monkeypatch.setattr(PD, "gluon_kernel", lambda: fake)
+    cuda = NS(type="cuda")
+
+    def picked(hq, hkv, bs):
+        call = NS(q=torch.empty(1, hq, 8), geom=NS(num_kv_heads=hkv, block_size=bs))
+        return PD._gluon(call, None, None, hq // hkv, 512, cuda) is fake
+    monkeypatch.delenv(PD.VARIANT_ENV, raising=False)
+    assert picked(8, 8, 16) and picked(8, 2, 64) and picked(8, 2, 128)
+    assert not picked(8, 2, 16) and not picked(8, 2, 32)
+    monkeypatch.setenv(PD.VARIANT_ENV, "gluon")
+    assert picked(8, 2, 16)
+    monkeypatch.setenv(PD.VARIANT_ENV, "triton")
+    assert not picked(8, 8, 64)
+    assert PD._gluon(NS(q=torch.empty(1, 8, 8), geom=NS(num_kv_heads=8, block_size=64)), None,
+                     None, 1, 512, NS(type="cpu")) is None
 
 
 def test_gluon_decode_unsupported_reasons(monkeypatch):
@@ -541,16 +566,15 @@ GLUON_CASES = [  # dtype, layout, (Hq, Hkv), D, block, q_len, partition, lens
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
-@pytest.mark.parametrize("tile", ["", "32,3", "32,4", "64,3", "128,2", "16,4", "early",
-                                  "early-32,3"])
+@pytest.mark.parametrize("tile", ["", "32,3", "32,4", "64,3", "128,2", "16,4", "late",
+                                  "late-32,3"])
 def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
     """The Gluon kernel against the float64 oracle over dtypes, layouts, groups 1-64, D 64/128,
     blocks 1-256, speculative q_len, NaN-poisoned pages and table slack, every tile (knob);
     split (1 and several partitions per program) == one pass, bit for bit; it really ran."""
     qd, layout, (hq, hkv), d, bs, q_len, part, lens = GLUON_CASES[case]
-    if tile.startswith("early"):
-        monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_EARLY", "1")
-        tile = tile[6:]
+    monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_EARLY", "0" if tile.startswith("late") else "1")
+    tile = tile.split("late")[-1].strip("-")
     if tile:
         monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_TILE", tile)
     if part is not None and tile and part % int(tile.split(",")[0]):
@@ -576,21 +600,22 @@ def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_decode_default_picks_gluon_for_mha_only(device, mode_guard, monkeypatch):
-    """The default (PAGEDATTN_DECODE_VARIANT=auto) runs the Gluon kernel for MHA and the Triton
-    kernel for GQA; ``triton`` never runs it."""
+def test_gpu_decode_default_picks_gluon_for_mha_or_long_pages(device, mode_guard, monkeypatch):
+    """The default (PAGEDATTN_DECODE_VARIANT=auto) runs the Gluon kernel for MHA and for pages
+    of >= 64 tokens, the Triton kernel for GQA on shorter pages; ``triton`` never runs it."""
     n = _gluon_count(monkeypatch)
     gen = torch.Generator().manual_seed(5)
-    for (hq, hkv), env, want in (((8, 8), None, 1), ((8, 2), None, 0), ((8, 8), "triton", 0),
-                                 ((8, 2), "gluon", 1)):
+    for (hq, hkv), bs, env, want in (((8, 8), 16, None, 1), ((8, 2), 16, None, 0),
+                                     ((8, 2), 64, None, 1), ((8, 8), 16, "triton", 0),
+                                     ((8, 2), 16, "gluon", 1)):
         if env:
             monkeypatch.setenv(PD.VARIANT_ENV, env)
         else:
             monkeypatch.delenv(PD.VARIANT_ENV, raising=False)
-        b = make_paged_batch([100, 700], num_kv_heads=hkv, head_dim=128, block_size=16,
+        b = make_paged_batch([100, 700], num_kv_heads=hkv, head_dim=128, block_size=bs,
                              layout="bhsd", dtype=torch.bfloat16, device=device, gen=gen)
         q = torch.randn(2, hq, 128, generator=gen).to(device=device, dtype=torch.bfloat16)
         before = n[0]
         out = _decode(b, q, mode="split", partition_size=512)
-        assert n[0] - before == want, ((hq, hkv), env)
+        assert n[0] - before == want, ((hq, hkv), bs, env)
         _check(b, q, out, None, [100, 700], 1, tol_key(q.dtype, q.dtype))

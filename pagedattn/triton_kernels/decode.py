@@ -219,17 +219,19 @@ GLUON_TRITON = "3.6."  # the Gluon kernel is written and GPU-tested for this tri
 def variant() -> str:
     """``PAGEDATTN_DECODE_VARIANT``: which kernel serves a decode call.
 
-    * ``auto`` (default): the Gluon sm_90 kernel (``_decode_gluon``) for MHA calls (one query
-      head per KV head) its gate accepts, the Triton kernel for everything else;
+    * ``auto`` (default): the Gluon sm_90 kernel (``_decode_gluon``) for the calls its gate
+      accepts that are MHA (one query head per KV head) or whose pages hold at least one of its
+      KV tiles (block size >= 64), the Triton kernel for everything else;
     * ``gluon``: the Gluon kernel wherever its gate accepts the call;
     * ``triton``: always the Triton kernel.
 
-    The choice depends on the model (group size), dtypes, layout and options, never on the
-    batch, so batch invariance holds. H200, session 12 (bench/results/2026-12-01-h200-s12,
-    CUDA graphs, two processes): on 32/32 the Gluon kernel ran the large rows at 0.951-0.984 of
-    the read ceiling against the Triton kernel's 0.89-0.972, level elsewhere within the spread;
-    on 32/8 it was level on the large rows but 2-5 % slower on the split rows ((1, 32768),
-    (128, 512) at block 16), so GQA keeps the Triton kernel.
+    The choice depends on the model (group size), the cache (block size, dtype, layout) and the
+    options, never on the batch, so batch invariance holds. H200, session 12
+    (bench/results/2026-12-01-h200-s12, CUDA graphs, one process, ab_gluon2_340439b.md): against
+    the Triton kernel the Gluon kernel (EARLY refill) was 1.003-1.039x on the 32/32 rows but two
+    (0.995, 0.997), 0.992-1.029x on the 32/8 block-64 rows, and on 32/8 block 16 level on the
+    one-pass rows but 0.968x at (1, 32768) and 0.975x at (128, 512): GQA with pages shorter
+    than its tile (several block ids per tile) keeps the Triton kernel.
     """
     raw = os.environ.get(VARIANT_ENV, "") or "auto"
     if raw not in ("auto", "gluon", "triton"):
@@ -251,12 +253,13 @@ def _gluon(call, ks, vs, rows, part, device):
     which = variant()
     if which == "triton" or device.type != "cuda":
         return None
-    if which == "auto" and call.q.shape[-2] != call.geom.num_kv_heads:
-        return None
     gk = gluon_kernel()
-    if gk is None or gk.unsupported(call, ks, vs, rows, part):
+    if gk is None:
         return None
-    return gk
+    mha = call.q.shape[-2] == call.geom.num_kv_heads
+    if which == "auto" and not (mha or call.geom.block_size >= gk.tile()[0]):
+        return None
+    return None if gk.unsupported(call, ks, vs, rows, part) else gk
 
 
 def _mode(num_seqs, num_kv_heads, device):
