@@ -26,7 +26,9 @@ the merge. So a sequence's output is bitwise identical whatever else is in the b
 whichever launch shape the batch size selects.
 
 This module is the launcher (tile configs, launch-shape rules, workspace); the ``@triton.jit``
-kernels are in ``_decode_kernels.py``.
+kernels are in ``_decode_kernels.py``. On sm_90 under triton 3.6 a Gluon kernel
+(``_decode_gluon.py``, :func:`variant`) serves MHA calls and calls on pages of >= 64 tokens: the
+same grid, workspace and merge, so it shares the combine and the batch-invariance argument.
 """
 import os
 
