@@ -1,13 +1,14 @@
 """Paged decode for sm_90 in Gluon: one warpgroup, wgmma over 64 rows, a cp.async page ring.
 
-Why (bench/NOTES.md, sessions 3-11): the Triton decode loop (``_decode_kernels._attend``) runs
+Why (bench/NOTES.md, sessions 3-12): the Triton decode loop (``_decode_kernels._attend``) runs
 mma.sync on 16-row tiles with its KV tile split over the 4 warps, so every tile takes cross-warp
-max and sum reductions and a P layout change through shared memory, and no tile or stage choice
-moved it past 0.93-0.95 of the read ceiling on the large 32/8 rows. Here the group's G * Lq rows
+max and sum reductions and a P layout change through shared memory. Here the group's G * Lq rows
 are zero-padded to the 64 rows of one warpgroup wgmma: S = Q K_t^T reads K straight from the
 ring, each warp owns 16 rows, so the softmax reductions stay inside a warp, P feeds the P V wgmma
 from registers and V is read from the ring too. The tensor work is 64 / (G Lq) times the useful
-one, well under the tile's memory time on the H200.
+one, well under the tile's memory time on the H200. Measured (H200, session 12): level with the
+Triton kernel on the GQA one-pass rows, steadier and up to 4 % faster on MHA and on 64-token
+pages, 2-3 % slower on GQA split rows with 16-token pages (``decode.variant`` picks by that).
 
 Same grid, partitions, workspace and merge arithmetic as ``_decode_kernels._decode_kernel``
 (``decode.py`` holds the design): grid (Hkv, B, partitions | partition groups | 1); one-pass
@@ -72,8 +73,7 @@ def early() -> bool:
     """``PAGEDATTN_DECODE_GLUON_EARLY`` (default 1; 0 for A/B runs): each iteration refills its
     ring slot before it waits for its tile (NS tiles in flight during the wait instead of
     NS - 1; one more barrier per tile). Same values. H200, session 12 (ab_gluon2_340439b.md):
-    faster on 13 of the 20 issue rows, slower on 5 (by at most 1 %, and 1.0 % at (1, 32768)
-    32/8 block 16)."""
+    faster on 13 of the 20 issue rows, slower on 6 by at most 1.0 %."""
     raw = os.environ.get(ENV_EARLY, "1")
     if raw not in ("0", "1"):
         raise ValueError(f"{ENV_EARLY}={raw!r}: expected 0 or 1")
