@@ -98,13 +98,15 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from pagedattn.triton_kernels import _decode_gluon as G
 
-one_pass, multi, d, group, lq, page, early = (int(x) for x in sys.argv[1:8])
+one_pass, multi, d, group, lq, page, early, stamps = (int(x) for x in sys.argv[1:9])
 k = G.decode_sm90
 block_n, ns = G.TILE
 cst = dict(G=group, R=group * lq, D=d, PAGE=page, PART=512, BLOCK_N=block_n, NS=ns,
            ONE_PASS=bool(one_pass), MULTI=bool(multi), CAUSAL=lq > 1, RETURN_LSE=True,
-           EARLY=bool(early), PDL=not one_pass, num_warps=G.NUM_WARPS)
-ptrs = {"bt_ptr": "*i32", "lens_ptr": "*i32", "lse_ptr": "*fp32", "ws_ml_ptr": "*fp32",
+           EARLY=bool(early), PDL=not one_pass, TIMELINE=bool(stamps),
+           num_warps=G.NUM_WARPS)
+ptrs = {"bt_ptr": "*i32", "lens_ptr": "*i32", "tl_ptr": "*i64", "lse_ptr": "*fp32",
+        "ws_ml_ptr": "*fp32",
         "ws_o_ptr": "*fp32"}
 names = k.arg_names
 
@@ -124,6 +126,7 @@ src = GluonASTSource(k, {n: ty(n) for n in names},
 ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=G.NUM_WARPS))
 assert "wgmma.mma_async" in ck.asm["ptx"] and "cp.async" in ck.asm["ptx"]
 assert ("griddepcontrol.launch_dependents" in ck.asm["ptx"]) == (not one_pass)
+assert ("globaltimer" in ck.asm["ptx"]) == bool(stamps)
 assert ck.metadata.shared == G.smem_bytes(d, block_n, ns), ck.metadata.shared
 # two programs per SM (228 KB, 1 KB reserved per block) at D 128
 assert 2 * (ck.metadata.shared + 1024) <= 233472, ck.metadata.shared
@@ -142,10 +145,12 @@ print("GLUON_DECODE_COMPILES_OK")
 """
 
 
-@pytest.mark.parametrize("form", ["1,0,128,4,1,16,0", "0,0,128,4,1,16,0", "0,1,128,4,1,64,0",
-                                  "1,0,64,64,1,1,0", "1,0,128,8,4,256,0", "0,0,128,1,1,16,1"],
+@pytest.mark.parametrize("form", ["1,0,128,4,1,16,1,0", "0,0,128,4,1,16,1,0",
+                                  "0,1,128,4,1,64,1,0", "1,0,64,64,1,1,1,0",
+                                  "1,0,128,8,4,256,1,0", "0,0,128,1,1,16,0,0",
+                                  "0,1,128,4,1,16,1,1"],
                          ids=["one-pass", "split", "split-multi", "mqa-d64-page1",
-                              "spec-decode-page256", "split-mha-early"])
+                              "spec-decode-page256", "split-mha-late", "split-timeline"])
 def test_gluon_decode_compiles_for_sm90(form):
     """The Gluon decode kernel (triton 3.6 only: Gluon's API moves between releases) for sm_90:
     async wgmma and cp.async, the shared memory the launcher plans with, no spills."""

@@ -53,6 +53,9 @@ TILE = (64, 2)
 _ALIGN = 8  # elements: every row a cp.async reads starts on 16 bytes
 ENV_TILE = "PAGEDATTN_DECODE_GLUON_TILE"
 ENV_EARLY = "PAGEDATTN_DECODE_GLUON_EARLY"
+# an int64 CUDA tensor of >= 4 entries per program makes the next launches write %globaltimer
+# stamps into it (scripts/decode_timeline.py); None: no stamps (the kernel has none compiled in)
+TIMELINE = None
 
 
 def tile() -> tuple:
@@ -129,14 +132,30 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
     pdl: the combine follows as a programmatic dependent launch (this grid lets it start)."""
     block_n, ns = tile()
     d = call.geom.head_dim
+    stamps = TIMELINE
+    if stamps is not None and stamps.numel() < 4 * grid[0] * grid[1] * grid[2]:
+        raise ValueError(f"_decode_gluon.TIMELINE: {stamps.numel()} int64 < 4 per program")
     decode_sm90[grid](
         q4, call.k_cache, call.v_cache, call.block_table, call.seq_lens, out4, lse, ws_ml, ws_o,
-        float(call.opts.scale) * 1.4426950408889634, q4.shape[1], q4.shape[2], n_part_max, ppp,
+        stamps if stamps is not None else lse, float(call.opts.scale) * 1.4426950408889634,
+        q4.shape[1], q4.shape[2], n_part_max, ppp,
         q4.stride(0), q4.stride(1), q4.stride(2), out4.stride(0), out4.stride(1),
         out4.stride(2), call.block_table.stride(0), ks.block, ks.token, ks.head, vs.block,
         vs.token, vs.head, G=group, R=rows, D=d, PAGE=call.geom.block_size, PART=part,
         BLOCK_N=block_n, NS=ns, ONE_PASS=one_pass, MULTI=ppp > 1, CAUSAL=q4.shape[1] > 1,
-        RETURN_LSE=bool(call.return_lse), EARLY=early(), PDL=pdl, num_warps=NUM_WARPS)
+        RETURN_LSE=bool(call.return_lse), EARLY=early(), PDL=pdl,
+        TIMELINE=stamps is not None, num_warps=NUM_WARPS)
+
+
+@gluon.jit
+def _stamp(tl_ptr, slot: gl.constexpr, x):
+    """TIMELINE runs: %globaltimer (ns) into tl_ptr[program, slot] (slots: 0 start, 1 first
+    tile landed, 2 loop done, 3 exit); x: any int32 scalar (the asm needs an operand)."""
+    ns = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=gl.int64,
+                                   is_pure=False, pack=1)
+    pid = (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) \
+        + gl.program_id(0)
+    gl.store(tl_ptr + pid.to(gl.int64) * 4 + slot, ns)
 
 
 @gluon.jit
@@ -197,6 +216,7 @@ def decode_sm90(
     out_ptr,  # [B, LQ, Hq, D]
     lse_ptr,  # float32 [B, LQ, Hq]
     ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
+    tl_ptr,  # int64 [programs, 4]: TIMELINE stamps (else any pointer, never touched)
     qk_scale,  # sm_scale * log2(e)
     LQ, Hq, P, PPP,
     stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_bt,
@@ -204,7 +224,7 @@ def decode_sm90(
     G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PART: gl.constexpr,
     BLOCK_N: gl.constexpr, NS: gl.constexpr, ONE_PASS: gl.constexpr, MULTI: gl.constexpr,
     CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, EARLY: gl.constexpr, PDL: gl.constexpr,
-    num_warps: gl.constexpr,
+    TIMELINE: gl.constexpr, num_warps: gl.constexpr,
 ):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     TPC: gl.constexpr = D // 8  # threads per row of a 16-byte-per-thread copy
@@ -223,6 +243,8 @@ def decode_sm90(
 
     # grid: (Hkv, B, P) split, (Hkv, B, cdiv(P, PPP)) split with MULTI, (Hkv, B, 1) one pass
     h = gl.program_id(0)
+    if TIMELINE:
+        _stamp(tl_ptr, 0, h)
     if PDL:  # the combine launch may start now; it waits for this grid before reading
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n mov.u32 $0, $1;", "=r,r",
                                   [h], dtype=gl.int32, is_pure=False, pack=1)
@@ -242,6 +264,8 @@ def decode_sm90(
         t_lo = p * PART
         t_hi = gl.minimum(p * PART + PART, seq_len)
     if p >= n_parts:  # split: past the sequence's last partition
+        if TIMELINE:
+            _stamp(tl_ptr, 3, h)
         return
     n_tiles = gl.cdiv(t_hi - t_lo, BLOCK_N)
     lim = t_hi  # tiles ending past lim hold a key some row cannot see
@@ -313,6 +337,9 @@ def decode_sm90(
             async_copy.commit_group()
             ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)  # used one tile later
 
+        if TIMELINE:
+            if t == 0:
+                _stamp(tl_ptr, 1, h)
         sc = warpgroup_mma(q_smem, k_ring.index(t % NS).permute((1, 0)),
                            gl.zeros([_BLOCK_M, BLOCK_N], gl.float32, MMA_S), use_acc=False)
         sc = sc * qk_scale
@@ -346,6 +373,8 @@ def decode_sm90(
                 l_i = gl.zeros([_BLOCK_M], gl.float32, ROW_S)
                 o = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
     async_copy.wait_group(0)  # no copy outlives the program
+    if TIMELINE:
+        _stamp(tl_ptr, 2, h)
 
     if ONE_PASS:
         _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
@@ -354,3 +383,5 @@ def decode_sm90(
         big_m, big_l, big_a = _fold(big_m, big_l, big_a, m_i, l_i, o, ROW_O)
         _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
                 stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
+    if TIMELINE:
+        _stamp(tl_ptr, 3, h)
