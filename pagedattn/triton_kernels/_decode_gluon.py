@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                               warpgroup_mma)
 
 from pagedattn._triton import interpreter_enabled
-from pagedattn.triton_kernels._extend_gluon import _ids, _issue
+from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
 
 _LN2 = gl.constexpr(0.6931471805599453)
 BLOCK_M = 64  # one warpgroup's wgmma rows
@@ -286,12 +286,10 @@ def decode_sm90(
     k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
     v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
 
-    # prologue: Q joins tile 0's group; tiles 1 .. NS-2 one group each
-    qr = gl.arange(0, _BLOCK_M, layout=gl.SliceLayout(1, LD))
-    q_row = s * stride_qb + (qr // G).to(gl.int64) * stride_qt \
-        + (h * G + qr % G).to(gl.int64) * stride_qh
-    async_copy.async_copy_global_to_shared(q_smem, q_ptr + (q_row[:, None] + dcol[None, :]),
-                                           mask=(qr < R)[:, None])
+    # prologue: Q joins tile 0's group; tiles 1 .. NS-2 one group each. The extend kernel's Q
+    # rows with one query block of LQ tokens: row r = (token r // G, head h * G + r % G)
+    _load_q(q_smem, q_ptr + s * stride_qb, 0, 0, LQ, h, stride_qt, stride_qh, dcol, G, G,
+            _BLOCK_M, LD)
     for i in gl.static_range(NS - 1):
         start = t_lo + i * BLOCK_N
         ids = _ids(bt_row, start, t_hi, r, PAGE, BLOCK_N)
