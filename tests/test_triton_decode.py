@@ -480,7 +480,9 @@ def test_decode_auto_variant_rule(monkeypatch):
 
     def picked(hq, hkv, bs):
         call = NS(q=torch.empty(1, hq, 8), geom=NS(num_kv_heads=hkv, block_size=bs))
-        return PD._gluon(call, None, None, hq // hkv, 512, cuda) is fake
+        gk, tile = PD._gluon(call, None, None, hq // hkv, 512, cuda)
+        assert (tile == (64, 2)) == (gk is fake)
+        return gk is fake
     monkeypatch.delenv(PD.VARIANT_ENV, raising=False)
     assert picked(8, 8, 16) and picked(8, 2, 64) and picked(8, 2, 128)
     assert not picked(8, 2, 16) and not picked(8, 2, 32)
@@ -489,7 +491,7 @@ def test_decode_auto_variant_rule(monkeypatch):
     monkeypatch.setenv(PD.VARIANT_ENV, "triton")
     assert not picked(8, 8, 64)
     assert PD._gluon(NS(q=torch.empty(1, 8, 8), geom=NS(num_kv_heads=8, block_size=64)), None,
-                     None, 1, 512, NS(type="cpu")) is None
+                     None, 1, 512, NS(type="cpu")) == (None, None)
 
 
 def test_gluon_decode_unsupported_reasons(monkeypatch):
@@ -514,7 +516,7 @@ def test_gluon_decode_unsupported_reasons(monkeypatch):
                         k_scale=sc, v_scale=sc, **kw)
         c = calls.pop()
         return G.unsupported(c, L.k_strides(c.k_cache, layout), L.v_strides(c.v_cache, layout),
-                             (hq // hkv) * lq, part)
+                             (hq // hkv) * lq, part, G.tile()[0])
 
     base = reasons()
     assert base == ["not an sm_90 GPU"], base  # the CPU: only the device is wrong

@@ -95,9 +95,9 @@ def is_sm90(device) -> bool:
             and torch.cuda.get_device_capability(device) == (9, 0))
 
 
-def unsupported(call, ks, vs, rows: int, part: int) -> list:
-    """Reasons this kernel cannot serve a validated DecodeCall ([] = it can); never depends on
-    the batch (batch invariance)."""
+def unsupported(call, ks, vs, rows: int, part: int, block_n: int) -> list:
+    """Reasons this kernel cannot serve a validated DecodeCall on tiles of ``block_n`` tokens
+    ([] = it can); never depends on the batch (batch invariance)."""
     q, g, o = call.q, call.geom, call.opts
     why = []
     if not is_sm90(q.device):
@@ -114,8 +114,8 @@ def unsupported(call, ks, vs, rows: int, part: int) -> list:
         why.append("window, soft-cap, ALiBi or sinks")
     if ks.x < g.head_dim or ks.dim_lo != 1 or vs.dim_lo != 1:
         why.append("the cache's head dim is not contiguous")
-    if part % tile()[0]:
-        why.append(f"partition size {part} not a multiple of the {tile()[0]}-token tile")
+    if part % block_n:
+        why.append(f"partition size {part} not a multiple of the {block_n}-token tile")
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
     strides = (q4.stride(0), q4.stride(1), q4.stride(2), ks.block, ks.token, ks.head, vs.block,
                vs.token, vs.head)
@@ -127,10 +127,10 @@ def unsupported(call, ks, vs, rows: int, part: int) -> list:
 
 
 def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max, ppp,
-           one_pass, pdl):
-    """Run the kernel on ``grid`` (as decode.run's Triton launch) for a call the gate accepted;
-    pdl: the combine follows as a programmatic dependent launch (this grid lets it start)."""
-    block_n, ns = tile()
+           one_pass, pdl, block_n, ns):
+    """Run the kernel on ``grid`` (as decode.run's Triton launch) for a call the gate accepted,
+    on the :func:`tile` (block_n, ns); pdl: the combine follows as a programmatic dependent
+    launch (this grid lets it start)."""
     d = call.geom.head_dim
     stamps = TIMELINE
     if stamps is not None and stamps.numel() < 4 * grid[0] * grid[1] * grid[2]:

@@ -250,18 +250,19 @@ def gluon_kernel():
 
 
 def _gluon(call, ks, vs, rows, part, device):
-    """The Gluon module when it serves this call (:func:`variant`), else None (the Triton kernel
-    runs)."""
+    """(the Gluon module, its (BLOCK_N, NS) tile) when it serves this call (:func:`variant`),
+    else (None, None): the Triton kernel runs."""
     which = variant()
     if which == "triton" or device.type != "cuda":
-        return None
+        return None, None
     gk = gluon_kernel()
     if gk is None:
-        return None
+        return None, None
+    tile = gk.tile()
     mha = call.q.shape[-2] == call.geom.num_kv_heads
-    if which == "auto" and not (mha or call.geom.block_size >= gk.tile()[0]):
-        return None
-    return None if gk.unsupported(call, ks, vs, rows, part) else gk
+    if which == "auto" and not (mha or call.geom.block_size >= tile[0]):
+        return None, None
+    return (None, None) if gk.unsupported(call, ks, vs, rows, part, tile[0]) else (gk, tile)
 
 
 def _mode(num_seqs, num_kv_heads, device):
@@ -311,10 +312,9 @@ def run(call):
                   HAS_SINK=o.sinks is not None, HAS_KV_SCALE=has_kv_scale,
                   RETURN_LSE=call.return_lse)
     # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
-    gk = _gluon(call, ks, vs, rows, part, dev)
+    gk, g_tile = _gluon(call, ks, vs, rows, part, dev)
     if gk is not None:
-        block_n, ns = gk.tile()
-        smem, warps = gk.smem_bytes(d, block_n, ns), gk.NUM_WARPS
+        smem, warps = gk.smem_bytes(d, *g_tile), gk.NUM_WARPS
     else:
         smem = (num_stages * block_n * block_d * 2 * call.k_cache.element_size()
                 + block_m * block_d * 2)
@@ -326,7 +326,7 @@ def run(call):
     pdl = mode == "split" and n_part_max > 1 and _pdl(dev)
     if gk is not None:
         gk.launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max,
-                  ppp, mode == "one_pass", pdl)
+                  ppp, mode == "one_pass", pdl, *g_tile)
     else:
         _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max,
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
