@@ -11,14 +11,14 @@ Usage: python scripts/hip_decode_ab.py [--quick] [--heads 64/1,48/2] [--blocks 1
 [--label L] VARIANT [VARIANT ...]
 """
 import argparse
-import os
 import re
 import sys
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH: an A/B tree may shadow the package
 
-from bench.bench_decode import BLOCKS, HEADS, SHAPES, _bench_graph, _case, _ours  # noqa: E402
+from bench.bench_decode import (BLOCKS, HEADS, SHAPES, _bench_graph, _case, _ours,  # noqa: E402
+                                _with_env)
 
 KV_DTYPES = {"bf16": "bfloat16", "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 
@@ -74,21 +74,13 @@ def main(argv=None):
                 out = torch.empty_like(q)
                 times = []
                 for name, env in variants:
-                    saved = {key: os.environ.get(key) for key in env}
-                    os.environ.update(env)
-                    try:
-                        backend = "triton" if name.startswith("triton") else "hip"
-                        times.append(_bench_graph(_ours(q, k, v, table, lens, out, backend,
-                                                        scale)))
+                    backend = "triton" if name.startswith("triton") else "hip"
+                    try:  # the variant's environment is set around every call (capture too)
+                        times.append(_bench_graph(_with_env(
+                            _ours(q, k, v, table, lens, out, backend, scale), **env)))
                     except Exception as e:  # noqa: BLE001
                         print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                         times.append(float("nan"))
-                    finally:
-                        for key, val in saved.items():
-                            if val is None:
-                                os.environ.pop(key, None)
-                            else:
-                                os.environ[key] = val
                 ratios = [times[0] / t for t in times[1:]]
                 rows.append(dict(Hq=hq, Hkv=hkv, block=bs, batch=batch, ctx=ctx, kv=args.kv,
                                  **{f"{n}_graph_us": round(t, 1) for n, t in zip(names, times)}))
