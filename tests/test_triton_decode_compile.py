@@ -92,52 +92,27 @@ def test_decode_compiles_for_sm90_with_overlapping_copies(block_size):
 
 
 GLUON_SCRIPT = r"""
-import glob, os, re, subprocess, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
+import re, sys
+from gluon_offline import compile_sm90, resource_usage
 from pagedattn.triton_kernels import _decode_gluon as G
 
 one_pass, multi, d, group, lq, page, early, stamps = (int(x) for x in sys.argv[1:9])
-k = G.decode_sm90
 block_n, ns = G.TILE
 cst = dict(G=group, R=group * lq, D=d, PAGE=page, PART=512, BLOCK_N=block_n, NS=ns,
            ONE_PASS=bool(one_pass), MULTI=bool(multi), CAUSAL=lq > 1, RETURN_LSE=True,
            EARLY=bool(early), PDL=not one_pass, TIMELINE=bool(stamps),
            num_warps=G.NUM_WARPS)
-ptrs = {"bt_ptr": "*i32", "lens_ptr": "*i32", "tl_ptr": "*i64", "lse_ptr": "*fp32",
-        "ws_ml_ptr": "*fp32",
-        "ws_o_ptr": "*fp32"}
-names = k.arg_names
-
-
-def ty(n):
-    if n in cst:
-        return "constexpr"
-    if n.endswith("_ptr"):
-        return ptrs.get(n, "*bf16")
-    return "fp32" if n == "qk_scale" else "i32"
-
-
-attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-         if n.endswith("_ptr") or n.startswith("stride")}
-src = GluonASTSource(k, {n: ty(n) for n in names},
-                     constexprs={(names.index(c),): v for c, v in cst.items()}, attrs=attrs)
-ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=G.NUM_WARPS))
+ck = compile_sm90(G.decode_sm90, cst, {"bt_ptr": "*i32", "lens_ptr": "*i32", "tl_ptr": "*i64",
+                                       "lse_ptr": "*fp32", "ws_ml_ptr": "*fp32",
+                                       "ws_o_ptr": "*fp32"}, G.NUM_WARPS)
 assert "wgmma.mma_async" in ck.asm["ptx"] and "cp.async" in ck.asm["ptx"]
 assert ("griddepcontrol.launch_dependents" in ck.asm["ptx"]) == (not one_pass)
 assert ("globaltimer" in ck.asm["ptx"]) == bool(stamps)
 assert ck.metadata.shared == G.smem_bytes(d, block_n, ns), ck.metadata.shared
 # two programs per SM (228 KB, 1 KB reserved per block) at D 128
 assert 2 * (ck.metadata.shared + 1024) <= 233472, ck.metadata.shared
-tool = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                              "cuobjdump"))
-if tool:
-    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"decode_gluon_{os.getpid()}.cubin")
-    with open(path, "wb") as f:
-        f.write(ck.asm["cubin"])
-    res = subprocess.run([tool[0], "-res-usage", path], capture_output=True, text=True).stdout
-    os.unlink(path)
+res = resource_usage(ck)
+if res is not None:
     assert re.search(r"STACK:0\b", res), f"the kernel spills: {res}"
     regs = int(re.search(r"REG:(\d+)", res).group(1))
     assert regs <= 255, regs

@@ -360,14 +360,9 @@ def _run_offline(call: str):
 def _compile_gluon_offline(head_dim, causal, ws):
     """Compile the Gluon sm_90 kernel (bf16, group 4, page 16) with this triton; check that it
     uses async wgmma and cp.async, fits shared memory and (cuobjdump present) does not spill."""
-    import glob
-    import os
     import re
-    import subprocess
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from gluon_offline import compile_sm90, resource_usage
 
     from pagedattn.triton_kernels import _extend_gluon as G
     k = G.extend_fwd_sm90_ws if ws else G.extend_fwd_sm90
@@ -377,32 +372,14 @@ def _compile_gluon_offline(head_dim, causal, ws):
                num_warps=warps)
     if ws:
         cst.update(P_REGS=G.P_REGS, SPLIT=ws == 2, C_REGS=G.C_REGS)
-    ptr = {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32", "lse_ptr": "*fp32"}
-    names = k.arg_names
-
-    def ty(n):
-        if n in cst:
-            return "constexpr"
-        if n.endswith("_ptr"):
-            return ptr.get(n, "*bf16")
-        return "fp32" if n == "qk_scale" else "i32"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if n.endswith("_ptr") or n.startswith("stride")}
-    src = GluonASTSource(k, {n: ty(n) for n in names},
-                         constexprs={(names.index(c),): v for c, v in cst.items()}, attrs=attrs)
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+    ck = compile_sm90(k, cst, {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32",
+                               "lse_ptr": "*fp32"}, warps)
     assert "wgmma.mma_async" in ck.asm["ptx"]
     assert "isAsync = true" in ck.asm["ttgir"], "the loop's wgmmas must be asynchronous"
     assert "async_copy_global_to_local" in ck.asm["ttgir"]
     assert ck.metadata.shared <= 232448, f"{ck.metadata.shared} B of shared memory > the H200's"
-    tool = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                                  "cuobjdump"))
-    if tool:
-        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"gluon_{os.getpid()}.cubin")
-        with open(path, "wb") as f:
-            f.write(ck.asm["cubin"])
-        res = subprocess.run([tool[0], "-res-usage", path], capture_output=True, text=True).stdout
-        os.remove(path)
+    res = resource_usage(ck)
+    if res is not None:
         assert "STACK:0" in res and "LOCAL:0" in res, f"register spills: {res}"
     if ws:  # both roles got their registers (setmaxnreg): 200 for the consumers
         ptx = ck.asm["ptx"]
