@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# For session 13's first GPU call (~4 min): the decode GPU tests (the Gluon kernel gained a
-# TIMELINE argument after session 12's last GPU call; its SASS is unchanged offline), then the
+# For session 13's first GPU call (~4 min): the decode GPU tests (after session 12's last GPU
+# call the Gluon kernel gained a TIMELINE argument and loads Q through _extend_gluon._load_q,
+# and the launcher reads its tile once per call; the SASS opcode sequence is unchanged offline),
+# then the
 # timeline of (1, 32768) 32/8 (split) and (64, 4096) 32/8 (one pass) through the Gluon kernel:
 # lever 1 of bench/NOTES.md (session 12).
 set -u
