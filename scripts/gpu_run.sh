@@ -32,7 +32,7 @@ if has tests; then
   python3 -c "from pagedattn.hip_kernels import build; build.load()" 2>&1 | tail -3
   timeout ${TEST_TIMEOUT:-600} python3 -m pytest -q -p no:cacheprovider -rf --tb=short -m "not compile" \
     -n ${TEST_JOBS:-8} --durations=15 \
-    ${GPU_TESTS:-tests/test_triton_decode.py tests/test_triton_extend.py tests/test_triton_extend_gpu.py tests/test_triton_store_copy.py tests/test_plan.py tests/test_hip_backend.py tests/test_dispatch.py tests/test_dispatch_runs.py tests/test_replay.py} \
+    ${GPU_TESTS:-tests/test_triton_decode.py tests/test_triton_extend.py tests/test_triton_extend_gpu.py tests/test_triton_store_copy.py tests/test_plan.py tests/test_hip_backend.py tests/test_dispatch.py tests/test_dispatch_runs.py tests/test_replay.py tests/test_launch_replay.py} \
     "$@" 2>&1 | tee "$OUT_DIR/gpu-tests.log" | tail -60
 fi
 if has bench; then

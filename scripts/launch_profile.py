@@ -2,16 +2,19 @@
 
 For each case, wall time per call of N back-to-back calls (host-bound: the kernels are short):
 
-* ``paged_decode`` (validate=False) and ``run_decode`` with a plan;
-* every Triton launch the call makes, replayed alone through ``JITFunction.run`` (binding,
-  specialisation, cache lookup, launch), and its parts: the binder alone, and the compiled
-  kernel's launcher alone (``CompiledKernel.run`` with the bound arguments: the floor);
-* ours = ``paged_decode`` minus the replayed launches (validation, dispatch, our launcher).
+* ``paged_decode`` (validate=False) and ``run_decode`` with a plan, each with launch replay (the
+  default, ``triton_kernels/_replay.py``) and without (``PAGEDATTN_LAUNCH_REPLAY=0``);
+* without replay, every Triton launch the call makes, replayed alone through
+  ``JITFunction.run`` (binding, specialisation, cache lookup, launch), and its parts: the binder
+  alone, and the compiled kernel's launcher alone (``CompiledKernel.run`` with the bound
+  arguments: the floor);
+* ours = ``paged_decode`` without replay minus those launches (checks, dispatch, our launcher).
 
 Usage: python scripts/launch_profile.py [--profile]  (--profile: cProfile top entries too)
 """
 import argparse
 import cProfile
+import os
 import pstats
 import sys
 import time
@@ -100,18 +103,23 @@ def main():
         plan = pa.plan_decode(table, lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=128,
                               block_size=bs, num_blocks=k.shape[0], q_dtype=torch.bfloat16,
                               backend="triton")
+        fast = per_call_us(call)
+        fast_planned = per_call_us(lambda: pa.run_decode(plan, q, k, v, out=out))
+        os.environ["PAGEDATTN_LAUNCH_REPLAY"] = "0"
         total = per_call_us(call)
         planned = per_call_us(lambda: pa.run_decode(plan, q, k, v, out=out))
         launches = record_launches(call)
         parts = [launch_parts(*x) for x in launches]
         whole = sum(p[0] for p in parts)
-        print(f"{name}: paged_decode {total:.1f} | run_decode {planned:.1f} | "
+        print(f"{name}: replay: paged_decode {fast:.1f} | run_decode {fast_planned:.1f}; "
+              f"without: paged_decode {total:.1f} | run_decode {planned:.1f} | "
               f"ours {total - whole:.1f} | launches {len(parts)}:")
         for (jf, a, kw, grid), (w, b, f) in zip(launches, parts):
             print(f"    {jf.fn.__name__:16s} grid "
                   f"{tuple(grid)} args {len(a) + len(kw):3d}: run {w:6.1f} | binder {b:6.1f} | "
                   f"compiled launcher {f:6.1f}")
-        if args.profile:
+        del os.environ["PAGEDATTN_LAUNCH_REPLAY"]
+        if args.profile:  # the default path (replay)
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(200):

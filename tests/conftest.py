@@ -51,6 +51,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="slow tier: set PAGEDATTN_SLOW=1"))
 
 
+@pytest.fixture(autouse=True)
+def _no_recorded_launches():
+    """Every test starts without recorded launches (triton_kernels/_replay.py) or remembered
+    backend choices (api._decode_route): tests that count or patch a backend's launches or
+    supports() see the normal path on a call's first metadata."""
+    from pagedattn import api
+    api._ROUTES.clear()  # and no remembered backend choices
+    if triton_available():
+        from pagedattn.triton_kernels import _replay
+        _replay.clear()
+
+
 @pytest.fixture
 def device():
     return torch.device("cuda" if HAS_GPU else "cpu")

@@ -10,11 +10,11 @@ from pagedattn.dispatch.arch import (ARCH_FACTS, ArchFacts, arch_facts, detect_a
                                      device_facts)
 from pagedattn.dispatch.capabilities import CAPS, FEATURES, OPS, unsupported
 from pagedattn.dispatch.core import (BACKENDS, PREFERENCE, Decision, cache_clear, call_facts,
-                                     load, partition_size_for, preference, register, resolve,
-                                     resolve_decision, reuse_kv_times, select)
+                                     generation, load, partition_size_for, preference, register,
+                                     resolve, resolve_decision, reuse_kv_times, select)
 from pagedattn.dispatch.explain import explain
 
 __all__ = ["ARCH_FACTS", "ArchFacts", "BACKENDS", "CAPS", "Decision", "FEATURES", "OPS",
            "PREFERENCE", "arch_facts", "cache_clear", "call_facts", "detect_arch",
-           "device_facts", "explain", "load", "partition_size_for", "preference", "register",
-           "resolve", "resolve_decision", "reuse_kv_times", "select", "unsupported"]
+           "device_facts", "explain", "generation", "load", "partition_size_for", "preference",
+           "register", "resolve", "resolve_decision", "reuse_kv_times", "select", "unsupported"]

@@ -261,10 +261,18 @@ def _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, feat
     raise ValueError(f"no backend can serve {op} on {arch}: " + " | ".join(notes[1:]))
 
 
+_GENERATION = [0]  # bumped by cache_clear: memos of resolved calls (api) key on it
+
+
+def generation() -> int:
+    return _GENERATION[0]
+
+
 def cache_clear() -> None:
     """Forget cached decisions and detected archs (tests; after changing devices)."""
     _select.cache_clear()
     clear_caches()
+    _GENERATION[0] += 1
 
 
 ##### Resolution for the public ops #####

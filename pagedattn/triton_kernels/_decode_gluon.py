@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                               warpgroup_mma)
 
 from pagedattn._triton import interpreter_enabled
+from pagedattn.triton_kernels import _replay
 from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
 
 _LN2 = gl.constexpr(0.6931471805599453)
@@ -127,15 +128,16 @@ def unsupported(call, ks, vs, rows: int, part: int, block_n: int) -> list:
 
 
 def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max, ppp,
-           one_pass, pdl, block_n, ns):
+           one_pass, pdl, block_n, ns, rec=None):
     """Run the kernel on ``grid`` (as decode.run's Triton launch) for a call the gate accepted,
     on the :func:`tile` (block_n, ns); pdl: the combine follows as a programmatic dependent
-    launch (this grid lets it start)."""
+    launch (this grid lets it start); rec: an ``_replay.Recorder`` or None."""
     d = call.geom.head_dim
     stamps = TIMELINE
     if stamps is not None and stamps.numel() < 4 * grid[0] * grid[1] * grid[2]:
         raise ValueError(f"_decode_gluon.TIMELINE: {stamps.numel()} int64 < 4 per program")
-    decode_sm90[grid](
+    _replay.launch(
+        rec, decode_sm90, grid,
         q4, call.k_cache, call.v_cache, call.block_table, call.seq_lens, out4, lse, ws_ml, ws_o,
         stamps if stamps is not None else lse, float(call.opts.scale) * 1.4426950408889634,
         q4.shape[1], q4.shape[2], n_part_max, ppp,

@@ -1,0 +1,206 @@
+"""Launch replay: the eager fast path of the Triton backend on NVIDIA GPUs.
+
+Why: an eager decode call spent ~400 us of host time on the H200 host against ~15 us of GPU time
+(scripts/launch_profile.py, session 13): Triton binds and specialises ~65 arguments per launch
+(35-66 us a launch), and the launcher re-derives tiles, modes, device properties, environment
+knobs and workspace shapes every call. Engines capture decode in CUDA graphs, where none of it
+remains, but an eager caller pays it per layer.
+
+What: every launch argument of a decode call is a function of the call's *metadata* (shapes,
+strides, dtypes, the 16-byte alignment of every pointer, option values, device, tuning knobs)
+and of its tensors. The first call with a given metadata key runs the normal launcher, whose
+launches go through :func:`launch` with a :class:`Recorder`; it keeps each launch's compiled
+kernel, grid and full argument list, with every tensor replaced by a named slot. Later calls
+with the same key run :meth:`Replay.__call__`: fresh workspace, the call's tensors in their
+slots, and the compiled kernel's own launcher (``CompiledKernel.run``), which is what
+``JITFunction.run`` ends with. The key covers everything Triton specialises on (pointer
+alignment, integer values through the shapes and strides they come from, dtypes), so a replay
+runs the very kernel the normal path would pick, with the same arguments: same bits.
+
+Limits: triton 3.6 (the version whose launch protocol this mirrors; others take the normal path),
+no launch hooks set (profilers), no tensor that is not one of the named slots (then nothing is
+recorded). ``PAGEDATTN_LAUNCH_REPLAY=0`` turns it off.
+"""
+import os
+import sys
+
+import torch
+
+ENV = "PAGEDATTN_LAUNCH_REPLAY"
+TRITON = "3.6."  # JITFunction.run's launch protocol, read from this release
+MAX_ENTRIES = 512  # distinct metadata keys kept (then the cache starts over)
+_CACHE = {}
+_VERSION_OK = None  # whether this triton is TRITON (read once)
+
+
+def enabled(device) -> bool:
+    """Replay is possible for calls on ``device``: CUDA, triton 3.6, no launch hooks (profilers),
+    no Triton debug or instrumentation mode."""
+    global _VERSION_OK
+    if device.type != "cuda" or os.environ.get(ENV, "1") == "0":
+        return False
+    if _VERSION_OK is None:
+        import triton
+        _VERSION_OK = triton.__version__.startswith(TRITON) and not torch.version.hip
+    if not _VERSION_OK:
+        return False
+    from triton import knobs
+    rt = knobs.runtime
+    return (not rt.debug and not knobs.compilation.instrumentation_mode
+            and _empty(rt.launch_enter_hook) and _empty(rt.launch_exit_hook))
+
+
+def _empty(hook):
+    """No hook: None, or an empty chain (triton 3.6 keeps a HookChain that is never None)."""
+    return hook is None or getattr(hook, "calls", None) == []
+
+
+def lookup(key):
+    return _CACHE.get(key)
+
+
+def store(key, replay):
+    if len(_CACHE) >= MAX_ENTRIES:
+        _CACHE.clear()
+    _CACHE[key] = replay
+
+
+def clear():
+    _CACHE.clear()
+
+
+def alignment(*tensors) -> tuple:
+    """Triton's pointer specialisation: whether each data pointer is 16-byte aligned (None for
+    an absent tensor)."""
+    return tuple(None if t is None else t.data_ptr() % 16 == 0 for t in tensors)
+
+
+class Recorder:
+    """Collects the launches of one normal-path call. ``slots``: {id(tensor): slot name} for
+    every tensor an argument may hold; ``allocs``: {slot name: (shape, dtype)} of the slots the
+    replay allocates afresh (workspace, lse); ``shared``: {slot name: tensor} reused as is (a
+    never-touched dummy)."""
+
+    def __init__(self, slots, allocs, shared):
+        self.slots, self.allocs, self.shared = slots, allocs, shared
+        self.launches = []
+        self.ok = True
+
+    def add(self, jf, kernel, grid, args, kwargs):
+        if kernel is None or not hasattr(kernel, "packed_metadata") or jf.pre_run_hooks:
+            self.ok = False
+            return
+        params = bound_params(jf, args, kwargs)
+        template, slots = [], []
+        for i, value in enumerate(params.values()):
+            if isinstance(value, torch.Tensor):
+                name = self.slots.get(id(value))
+                if name is None:  # a tensor we cannot name: do not record this call
+                    self.ok = False
+                    return
+                slots.append((i, name))
+                value = None
+            template.append(value)
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        self.launches.append((kernel, g, template, tuple(slots)))
+
+    def replay(self):
+        """The :class:`Replay` of what was recorded, or None."""
+        if not self.ok or not self.launches:
+            return None
+        return Replay(self.launches, self.allocs, self.shared)
+
+
+class Replay:
+    """The recorded launches of one metadata key."""
+
+    __slots__ = ("launches", "allocs", "shared")
+
+    def __init__(self, launches, allocs, shared):
+        self.launches, self.allocs, self.shared = launches, allocs, shared
+
+    def __call__(self, tensors: dict, device, stream: int) -> dict:
+        """Launch on ``stream`` (the current device's current stream, as ``JITFunction.run``)
+        with ``tensors`` ({slot name: tensor}, the call's own), allocating on ``device``;
+        returns the slots, the fresh allocations included."""
+        vals = dict(self.shared)
+        vals.update(tensors)
+        for name, (shape, dtype) in self.allocs.items():
+            vals[name] = torch.empty(shape, dtype=dtype, device=device)
+        for kernel, g, template, slots in self.launches:
+            args = list(template)
+            for i, name in slots:
+                args[i] = vals[name]
+            kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None,
+                       None, None, *args)
+        return vals
+
+
+# ----------------------------------------------------------------------------------------------
+# paged decode (decode.run)
+# ----------------------------------------------------------------------------------------------
+
+# every environment knob the decode launcher reads (decode.py, _decode_gluon.py)
+DECODE_KNOBS = ("PAGEDATTN_DECODE_VARIANT", "PAGEDATTN_DECODE_GLUON_TILE",
+                "PAGEDATTN_DECODE_GLUON_EARLY", "PAGEDATTN_DECODE_PPP", "PAGEDATTN_DECODE_MODE",
+                "PAGEDATTN_DECODE_CONFIG", "PAGEDATTN_DECODE_COMBINE", "PAGEDATTN_DECODE_PDL",
+                "PAGEDATTN_DECODE_MAXNREG", "PAGEDATTN_DECODE_FP8_DOT", "TRITON_INTERPRET")
+
+
+def decode_key(call, force_mode, current):
+    """Everything decode.run's launches depend on besides the tensors' data: None when the call
+    must take the normal path (a Gluon TIMELINE buffer is set)."""
+    gluon = sys.modules.get("pagedattn.triton_kernels._decode_gluon")
+    if gluon is not None and gluon.TIMELINE is not None:
+        return None
+    q, k, v, bt, out, o = call.q, call.k_cache, call.v_cache, call.block_table, call.out, call.opts
+    env = os.environ
+    return (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
+            v.dtype, bt.shape, bt.stride(), call.seq_lens.shape, out.stride(), out.dtype,
+            call.layout, o.scale, o.sliding_window, o.logit_cap, call.partition_size,
+            call.return_lse, q.device, current, force_mode,
+            alignment(q, k, v, bt, call.seq_lens, out, o.k_scale, o.v_scale, o.alibi_slopes,
+                      o.sinks),
+            tuple(env.get(n) for n in DECODE_KNOBS))
+
+
+def decode_tensors(call) -> dict:
+    """The call's own tensors by slot name."""
+    o = call.opts
+    return {"q": call.q, "out": call.out, "k": call.k_cache, "v": call.v_cache,
+            "bt": call.block_table, "lens": call.seq_lens, "k_scale": o.k_scale,
+            "v_scale": o.v_scale, "alibi": o.alibi_slopes, "sinks": o.sinks}
+
+
+def decode_recorder(call, q4, out4, lse, ws_ml, ws_o, dummy):
+    """A :class:`Recorder` for decode.run's launches, or None when two of the call's tensors are
+    one object (a slot could not tell them apart on a later call)."""
+    own = decode_tensors(call)
+    own["q"], own["out"] = q4, out4  # the kernels get these views: same data pointers
+    ids = [id(t) for t in own.values() if t is not None]
+    if len(set(ids)) != len(ids):
+        return None
+    slots = {id(t): name for name, t in own.items() if t is not None}
+    slots[id(dummy)] = "dummy"
+    allocs = {}
+    for name, t in (("lse", lse), ("ws_ml", ws_ml), ("ws_o", ws_o)):
+        if t is not dummy:
+            slots[id(t)] = name
+            allocs[name] = (tuple(t.shape), t.dtype)
+    return Recorder(slots, allocs, {"dummy": dummy})
+
+
+def bound_params(jf, args, kwargs) -> dict:
+    """{parameter: value} of a launch, in the kernel's parameter order with defaults applied:
+    ``JITFunction.run``'s own binder (triton 3.6: the last of ``device_caches[device]``)."""
+    from triton.runtime.driver import driver
+    binder = jf.device_caches[driver.active.get_current_device()][4]
+    return binder(*args, **kwargs)[0]
+
+
+def launch(rec, jf, grid, *args, **kwargs):
+    """``jf[grid](*args, **kwargs)``, recorded into ``rec`` when it is not None."""
+    kernel = jf[grid](*args, **kwargs)
+    if rec is not None:
+        rec.add(jf, kernel, grid, args, kwargs)
+    return kernel

@@ -1,0 +1,280 @@
+"""The eager fast path of the Triton backend (``triton_kernels/_replay.py``).
+
+CPU: the recorder and replay mechanics on stand-in kernels, the decode metadata key, and the
+refusals (aliased tensors, unnamed tensors, CPU tensors). GPU: a replayed call equals the normal
+path bit for bit over both decode kernels, both launch shapes, fp8 with float scales, options,
+lse, speculative q_len and misaligned views, and inside a CUDA graph.
+"""
+import importlib
+
+import pytest
+import torch
+
+import pagedattn as pa
+from attn_utils import assert_attn_close, dense_attention, dense_kv, make_paged_batch, tol_key
+
+R = importlib.import_module("pagedattn.triton_kernels._replay")
+PD = importlib.import_module("pagedattn.triton_kernels.decode")
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU: mechanics on stand-ins
+# ----------------------------------------------------------------------------------------------
+
+class _Kernel:
+    """A compiled kernel stand-in: records what its launcher got."""
+
+    function, packed_metadata = "fn", ("meta",)
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+
+class _JF:
+    pre_run_hooks = []
+
+
+def test_recorder_replays_with_the_calls_tensors(monkeypatch):
+    monkeypatch.setattr(R, "bound_params",
+                        lambda jf, args, kw: dict(zip(("a", "b", "n", "ws", "d", "C"),
+                                                      args + tuple(kw.values()))))
+    q, k, ws, dummy = torch.ones(2), torch.ones(3), torch.ones(4), torch.ones(1)
+    rec = R.Recorder({id(q): "q", id(k): "k", id(ws): "ws", id(dummy): "dummy"},
+                     {"ws": ((4, 2), torch.float32)}, {"dummy": dummy})
+    kern = _Kernel()
+    rec.add(_JF(), kern, (3, 2), (q, k, 7), dict(ws=ws, d=dummy, C=True))
+    rep = rec.replay()
+    assert rep is not None and not kern.calls  # recording does not launch
+    q2, k2 = torch.zeros(2), torch.zeros(3)
+    vals = rep({"q": q2, "k": k2}, torch.device("cpu"), 99)
+    (args,) = kern.calls
+    assert args[:7] == (3, 2, 1, 99, "fn", ("meta",), None) and args[7:9] == (None, None)
+    a, b, n, w, d, c = args[9:]
+    assert a is q2 and b is k2 and n == 7 and d is dummy and c is True
+    assert w is vals["ws"] and w is not ws and w.shape == (4, 2) and w.dtype == torch.float32
+
+
+def test_recorder_refuses_a_tensor_it_cannot_name(monkeypatch):
+    monkeypatch.setattr(R, "bound_params", lambda jf, args, kw: {"a": args[0], "b": args[1]})
+    q = torch.ones(2)
+    rec = R.Recorder({id(q): "q"}, {}, {})
+    rec.add(_JF(), _Kernel(), (1,), (q, torch.ones(2)), {})
+    assert rec.replay() is None
+    rec = R.Recorder({id(q): "q"}, {}, {})
+    hooked = _JF()
+    hooked.pre_run_hooks = [print]
+    rec.add(hooked, _Kernel(), (1,), (q, 1), {})
+    assert rec.replay() is None  # pre-run hooks must run: no replay
+    assert R.Recorder({}, {}, {}).replay() is None  # nothing recorded
+
+
+def _capture_call(monkeypatch, **kw):
+    """The validated DecodeCall paged_decode hands the Triton backend (CPU tensors)."""
+    calls = []
+    monkeypatch.setattr(PD, "run", lambda call: calls.append(call))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    d = kw.pop("d", 64)
+    kc, vc = pa.make_kv_cache(8, 16, 2, d, dtype=kw.pop("kv_dtype", torch.float16))
+    if kw.pop("same_kv", False):
+        vc = kc
+    q = kw.pop("q", None)
+    q = torch.randn(2, 4, d, dtype=torch.float16) if q is None else q
+    pa.paged_decode(q, kc, vc, torch.zeros(2, 4, dtype=torch.int32),
+                    torch.tensor([3, 9], dtype=torch.int32), backend="triton", **kw)
+    return calls.pop()
+
+
+def test_decode_key_follows_the_metadata(monkeypatch):
+    """Equal for fresh tensors of the same metadata; different for every input a launch
+    argument or Triton's specialisation depends on."""
+    base = R.decode_key(_capture_call(monkeypatch), None, 0)
+    assert R.decode_key(_capture_call(monkeypatch), None, 0) == base
+    flat = torch.randn(2 * 4 * 64 + 1, dtype=torch.float16)
+    h16 = dict(dtype=torch.float16)
+    others = {
+        "misaligned q": _capture_call(monkeypatch, q=flat[1:].view(2, 4, 64)),
+        "q strides": _capture_call(monkeypatch, q=torch.randn(4, 2, 64, **h16).transpose(0, 1)),
+        "head dim": _capture_call(monkeypatch, d=128, q=torch.randn(2, 4, 128, **h16)),
+        "scale": _capture_call(monkeypatch, scale=0.3),
+        "window": _capture_call(monkeypatch, sliding_window=4),
+        "cap": _capture_call(monkeypatch, logit_cap=2.0),
+        "sinks": _capture_call(monkeypatch, sinks=torch.zeros(4)),
+        "partition": _capture_call(monkeypatch, partition_size=64),
+        "lse": _capture_call(monkeypatch, return_lse=True),
+        "fp8": _capture_call(monkeypatch, kv_dtype=torch.float8_e4m3fn, k_scale=0.5,
+                             v_scale=0.5),
+    }
+    keys = {name: R.decode_key(c, None, 0) for name, c in others.items()}
+    keys["force mode"] = R.decode_key(_capture_call(monkeypatch), "split", 0)
+    keys["device"] = R.decode_key(_capture_call(monkeypatch), None, 1)
+    for knob in R.DECODE_KNOBS[:-1]:
+        monkeypatch.setenv(knob, "x")
+        keys[knob] = R.decode_key(_capture_call(monkeypatch), None, 0)
+        monkeypatch.delenv(knob)
+    for name, key in keys.items():
+        assert key != base, name
+    assert len(set(keys.values())) == len(keys)
+
+
+def test_decode_recorder_refuses_aliased_tensors(monkeypatch):
+    call = _capture_call(monkeypatch, same_kv=True)
+    assert call.k_cache is call.v_cache  # one tensor in two slots
+    dummy = torch.empty(1)
+    assert R.decode_recorder(call, call.q, call.out, dummy, dummy, dummy, dummy) is None
+    call = _capture_call(monkeypatch)
+    rec = R.decode_recorder(call, call.q, call.out, dummy, dummy, dummy, dummy)
+    assert rec is not None and rec.allocs == {} and rec.slots[id(dummy)] == "dummy"
+
+
+def test_replay_off_on_cpu_and_by_knob(monkeypatch):
+    assert not R.enabled(torch.device("cpu"))
+    monkeypatch.setenv(R.ENV, "0")
+    assert not R.enabled(torch.device("cuda"))
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: replayed calls against the normal path
+# ----------------------------------------------------------------------------------------------
+
+REPLAY_CASES = {  # name: (Hq, Hkv, block, layout, kv dtype, q_len, lens, options, env)
+    "gqa split (Triton kernel)": (32, 8, 16, "bhsd", torch.bfloat16, 1, [1, 700, 2049], {}, {}),
+    "mha split (Gluon kernel)": (8, 8, 16, "bshd", torch.bfloat16, 1, [5, 1024, 3000], {}, {}),
+    "gqa p64 one pass": (32, 8, 64, "bhsd", torch.float16, 1, [64, 65, 999] * 20, {},
+                         {"PAGEDATTN_DECODE_MODE": "one_pass"}),
+    "fp8 float scales, lse": (16, 4, 16, "vllm", torch.float8_e4m3fn, 1, [9, 1500], {}, {}),
+    "options, q_len 3": (8, 2, 32, "hcu", torch.bfloat16, 3, [3, 40, 777],
+                         dict(sliding_window=100, logit_cap=20.0, sinks=True), {}),
+}
+
+
+def _batch_and_q(case, device, seed):
+    hq, hkv, bs, layout, kvd, q_len, lens, opts, _ = REPLAY_CASES[case]
+    gen = torch.Generator().manual_seed(seed)
+    b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=128, block_size=bs, layout=layout,
+                         dtype=kvd, device=device, gen=gen, kv_scales=(0.5, 0.25))
+    qd = torch.float16 if kvd == torch.float16 else torch.bfloat16
+    shape = (len(lens), hq, 128) if q_len == 1 else (len(lens), q_len, hq, 128)
+    q = torch.randn(shape, generator=gen).to(device=device, dtype=qd)
+    kw = dict(opts)
+    if kw.pop("sinks", False):
+        kw["sinks"] = torch.randn(hq, generator=gen).to(device)
+    if kvd in (torch.float8_e4m3fn, torch.float8_e5m2):
+        kw.update(k_scale=0.5, v_scale=0.25)  # floats: a fresh device tensor every call
+    return b, q, kw
+
+
+def _call(b, q, kw, out=None):
+    return pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, layout=b.layout,
+                           backend="triton", out=out, return_lse=True, validate=False, **kw)
+
+
+def _replays(monkeypatch):
+    n = [0]
+    real = R.Replay.__call__
+
+    def counted(self, *a):
+        n[0] += 1
+        return real(self, *a)
+    monkeypatch.setattr(R.Replay, "__call__", counted)
+    return n
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(REPLAY_CASES))
+def test_gpu_replay_equals_the_normal_path(case, device, monkeypatch):
+    if not R.enabled(device):
+        pytest.skip("launch replay needs triton 3.6 on CUDA")
+    for k, v in REPLAY_CASES[case][-1].items():
+        monkeypatch.setenv(k, v)
+    n = _replays(monkeypatch)
+    b, q, kw = _batch_and_q(case, device, 0)
+    _call(b, q, kw)  # records
+    assert n[0] == 0
+    b, q, kw = _batch_and_q(case, device, 1)  # fresh data, same metadata
+    out = torch.full_like(q, float("nan"))
+    got, lse = _call(b, q, kw, out)
+    assert n[0] == 1, "the second call was not replayed"
+    monkeypatch.setenv(R.ENV, "0")
+    want, want_lse = _call(b, q, kw, torch.full_like(q, float("nan")))
+    assert n[0] == 1
+    assert torch.equal(got, want) and torch.equal(lse, want_lse)
+    # and against the oracle: a replay that launched nothing would fail here
+    q4, o4 = (q, got) if q.dim() == 4 else (q.unsqueeze(1), got.unsqueeze(1))
+    q_len = q4.shape[1]
+    for i, s in enumerate(b.seq_lens.tolist()[:3]):
+        k, v = dense_kv(b, i, s)
+        ro, _ = dense_attention(q4[i].cpu(), k.cpu(), v.cpu(), range(s - q_len, s),
+                                scale=128 ** -0.5, window=kw.get("sliding_window"),
+                                cap=kw.get("logit_cap"),
+                                sinks=None if "sinks" not in kw else kw["sinks"].cpu())
+        assert_attn_close(o4[i], ro, tol_key(q.dtype, b.k_cache.dtype), what=f"seq {i}",
+                          magnitude_guard=b.k_cache.dtype.itemsize > 1)
+
+
+@pytest.mark.gpu
+def test_gpu_replay_keeps_misaligned_views_apart(device, monkeypatch):
+    """An aligned call records; a q 2 bytes off alignment (the Gluon gate refuses it, Triton
+    specialises on it) records its own launches, and each replays its own."""
+    if not R.enabled(device):
+        pytest.skip("launch replay needs triton 3.6 on CUDA")
+    n = _replays(monkeypatch)
+    b, q, kw = _batch_and_q("mha split (Gluon kernel)", device, 2)
+    flat = torch.empty(q.numel() + 1, dtype=q.dtype, device=device)
+    q_off = flat[1:].view(q.shape)
+    q_off.copy_(q)
+    aligned, _ = _call(b, q, kw)
+    off, _ = _call(b, q_off, kw)
+    assert n[0] == 0
+    assert torch.equal(_call(b, q_off, kw)[0], off) and torch.equal(_call(b, q, kw)[0], aligned)
+    assert n[0] == 2
+    torch.testing.assert_close(off, aligned, atol=2e-2, rtol=2e-2)  # two kernels, one answer
+    monkeypatch.setenv(R.ENV, "0")
+    assert torch.equal(_call(b, q_off, kw)[0], off)
+
+
+@pytest.mark.gpu
+def test_gpu_replay_inside_a_cuda_graph(device, monkeypatch):
+    if not R.enabled(device):
+        pytest.skip("launch replay needs triton 3.6 on CUDA")
+    n = _replays(monkeypatch)
+    b, q, kw = _batch_and_q("gqa split (Triton kernel)", device, 3)
+    out = torch.empty_like(q)
+    want, _ = _call(b, q, kw)  # records
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        _call(b, q, kw, out)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _call(b, q, kw, out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert n[0] == 2 and torch.equal(out, want)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_route_is_remembered_per_metadata_and_environment(device, monkeypatch):
+    """api._decode_route resolves a GPU call's backend once per metadata key; the environment
+    dispatch reads and dispatch.cache_clear are part of the key."""
+    from pagedattn import api, dispatch
+    seen = []
+    real = dispatch.resolve
+    monkeypatch.setattr(dispatch, "resolve", lambda *a, **kw: seen.append(a[1]) or real(*a, **kw))
+    b, q, kw = _batch_and_q("gqa split (Triton kernel)", device, 4)
+    run = lambda: pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens,  # noqa
+                                  layout=b.layout, validate=False, **kw)
+    first = run()
+    run()
+    assert len(seen) == 1
+    monkeypatch.setenv("PAGEDATTN_BACKEND", "torch")
+    ref = run()
+    assert len(seen) == 2 and api._ROUTES
+    dispatch.cache_clear()
+    run()
+    assert len(seen) == 3
+    torch.testing.assert_close(first, ref, atol=2e-2, rtol=2e-2)
