@@ -1,10 +1,9 @@
 """Public ops: validate once, pick a backend (pagedattn.dispatch), run it."""
-import os
 from typing import Optional, Sequence, Union
 
 import torch
 
-from pagedattn import dispatch
+from pagedattn import _env, dispatch
 from pagedattn import validation as V
 from pagedattn.layouts import check_layout
 
@@ -105,6 +104,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 _ROUTES = {}  # decode backend choices of GPU calls by metadata (_decode_route)
+_ROUTE_ENV = _env.names("PAGEDATTN_BACKEND", "PAGEDATTN_PARTITION_SIZE", "TRITON_INTERPRET")
 
 
 def _decode_route(backend, q, k_cache, layout, g, opts, return_lse, block_table, partition_size):
@@ -120,13 +120,11 @@ def _decode_route(backend, q, k_cache, layout, g, opts, return_lse, block_table,
                  block_table=block_table, partition_size=partition_size)
     if q.device.type != "cuda":
         return dispatch.resolve("paged_decode", backend, **facts)
-    env = os.environ
     key = (backend, q.shape, q.stride(), q.dtype, q.device, q.data_ptr() % 16, k_cache.shape,
            k_cache.stride(), k_cache.dtype, k_cache.data_ptr() % 16, layout,
            opts.sliding_window is None, opts.logit_cap, opts.alibi_slopes is None,
            opts.sinks is None, opts.k_scale is None, return_lse, block_table.shape,
-           partition_size, env.get("PAGEDATTN_BACKEND"), env.get("PAGEDATTN_PARTITION_SIZE"),
-           env.get("TRITON_INTERPRET"), dispatch.generation())
+           partition_size, _env.values(_ROUTE_ENV), dispatch.generation())
     route = _ROUTES.get(key)
     if route is None:
         route = dispatch.resolve("paged_decode", backend, **facts)

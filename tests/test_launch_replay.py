@@ -278,3 +278,17 @@ def test_gpu_decode_route_is_remembered_per_metadata_and_environment(device, mon
     run()
     assert len(seen) == 3
     torch.testing.assert_close(first, ref, atol=2e-2, rtol=2e-2)
+
+
+def test_env_values_follow_the_environment(monkeypatch):
+    """pagedattn._env (the per-call knob reads of the keys above) sees setenv and delenv."""
+    from pagedattn import _env
+    key = _env.names("PAGEDATTN_TEST_KNOB_A", "PAGEDATTN_TEST_KNOB_B")
+    monkeypatch.delenv("PAGEDATTN_TEST_KNOB_A", raising=False)
+    monkeypatch.delenv("PAGEDATTN_TEST_KNOB_B", raising=False)
+    assert _env.values(key) == (None, None)
+    monkeypatch.setenv("PAGEDATTN_TEST_KNOB_B", "x")
+    a, b = _env.values(key)
+    assert a is None and b in ("x", b"x")
+    monkeypatch.delenv("PAGEDATTN_TEST_KNOB_B")
+    assert _env.values(key) == (None, None)

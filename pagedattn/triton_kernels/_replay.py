@@ -21,23 +21,25 @@ Limits: triton 3.6 (the version whose launch protocol this mirrors; others take 
 no launch hooks set (profilers), no tensor that is not one of the named slots (then nothing is
 recorded). ``PAGEDATTN_LAUNCH_REPLAY=0`` turns it off.
 """
-import os
 import sys
 
 import torch
+
+from pagedattn import _env
 
 ENV = "PAGEDATTN_LAUNCH_REPLAY"
 TRITON = "3.6."  # JITFunction.run's launch protocol, read from this release
 MAX_ENTRIES = 512  # distinct metadata keys kept (then the cache starts over)
 _CACHE = {}
 _VERSION_OK = None  # whether this triton is TRITON (read once)
+_ENV_KEY = _env.names(ENV)
 
 
 def enabled(device) -> bool:
     """Replay is possible for calls on ``device``: CUDA, triton 3.6, no launch hooks (profilers),
     no Triton debug or instrumentation mode."""
     global _VERSION_OK
-    if device.type != "cuda" or os.environ.get(ENV, "1") == "0":
+    if device.type != "cuda" or _env.values(_ENV_KEY)[0] in ("0", b"0"):
         return False
     if _VERSION_OK is None:
         import triton
@@ -145,6 +147,7 @@ DECODE_KNOBS = ("PAGEDATTN_DECODE_VARIANT", "PAGEDATTN_DECODE_GLUON_TILE",
                 "PAGEDATTN_DECODE_GLUON_EARLY", "PAGEDATTN_DECODE_PPP", "PAGEDATTN_DECODE_MODE",
                 "PAGEDATTN_DECODE_CONFIG", "PAGEDATTN_DECODE_COMBINE", "PAGEDATTN_DECODE_PDL",
                 "PAGEDATTN_DECODE_MAXNREG", "PAGEDATTN_DECODE_FP8_DOT", "TRITON_INTERPRET")
+_DECODE_KNOBS_KEY = _env.names(*DECODE_KNOBS)
 
 
 def decode_key(call, force_mode, current):
@@ -154,14 +157,13 @@ def decode_key(call, force_mode, current):
     if gluon is not None and gluon.TIMELINE is not None:
         return None
     q, k, v, bt, out, o = call.q, call.k_cache, call.v_cache, call.block_table, call.out, call.opts
-    env = os.environ
     return (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
             v.dtype, bt.shape, bt.stride(), call.seq_lens.shape, out.stride(), out.dtype,
             call.layout, o.scale, o.sliding_window, o.logit_cap, call.partition_size,
             call.return_lse, q.device, current, force_mode,
             alignment(q, k, v, bt, call.seq_lens, out, o.k_scale, o.v_scale, o.alibi_slopes,
                       o.sinks),
-            tuple(env.get(n) for n in DECODE_KNOBS))
+            _env.values(_DECODE_KNOBS_KEY))
 
 
 def decode_tensors(call) -> dict:
