@@ -103,35 +103,43 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return (out, lse) if return_lse else out
 
 
-_ROUTES = {}  # decode backend choices of GPU calls by metadata (_decode_route)
+_ROUTES = {}  # backend choices of GPU calls by metadata (_route)
 _ROUTE_ENV = _env.names("PAGEDATTN_BACKEND", "PAGEDATTN_PARTITION_SIZE", "TRITON_INTERPRET")
 
 
-def _decode_route(backend, q, k_cache, layout, g, opts, return_lse, block_table, partition_size):
-    """``dispatch.resolve`` for paged_decode, remembered per call metadata on a GPU.
+def _route(op, backend, key, **facts):
+    """``dispatch.resolve``, remembered per call metadata on a GPU (``key``: None = not
+    remembered).
 
-    The choice is a function of what the key holds: the tensors' shapes, strides, dtypes, device
-    and 16-byte alignment (backends' ``supports()`` read no data), the option kinds and the
-    environment dispatch reads. Host cost of a GPU eager call (H200 host, session 13): resolve
-    was ~40 us of ~60 for the public checks and the choice together. Tests start from an empty
-    memo (conftest); ``dispatch.cache_clear`` empties it too.
+    The choice is a function of what the key holds with the op and backend: the tensors' shapes,
+    strides, dtypes, device and 16-byte alignment (backends' ``supports()`` read no data), the
+    option kinds, and here the environment dispatch reads. Host cost of a GPU eager decode call
+    (H200 host, session 13): resolve was ~40 us of ~60 for the public checks and the choice
+    together. Tests start from an empty memo (conftest); ``dispatch.cache_clear`` empties it.
     """
-    facts = dict(q=q, k_cache=k_cache, layout=layout, geom=g, opts=opts, return_lse=return_lse,
-                 block_table=block_table, partition_size=partition_size)
-    if q.device.type != "cuda":
-        return dispatch.resolve("paged_decode", backend, **facts)
-    key = (backend, q.shape, q.stride(), q.dtype, q.device, q.data_ptr() % 16, k_cache.shape,
-           k_cache.stride(), k_cache.dtype, k_cache.data_ptr() % 16, layout,
-           opts.sliding_window is None, opts.logit_cap, opts.alibi_slopes is None,
-           opts.sinks is None, opts.k_scale is None, return_lse, block_table.shape,
-           partition_size, _env.values(_ROUTE_ENV), dispatch.generation())
+    if key is None:
+        return dispatch.resolve(op, backend, **facts)
+    key = (op, backend, key, _env.values(_ROUTE_ENV), dispatch.generation())
     route = _ROUTES.get(key)
     if route is None:
-        route = dispatch.resolve("paged_decode", backend, **facts)
+        route = dispatch.resolve(op, backend, **facts)
         if len(_ROUTES) >= 512:
             _ROUTES.clear()
         _ROUTES[key] = route
     return route
+
+
+def _decode_route(backend, q, k_cache, layout, g, opts, return_lse, block_table, partition_size):
+    key = None
+    if q.device.type == "cuda":
+        key = (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() % 16, k_cache.shape,
+               k_cache.stride(), k_cache.dtype, k_cache.data_ptr() % 16, layout,
+               opts.sliding_window is None, opts.logit_cap, opts.alibi_slopes is None,
+               opts.sinks is None, opts.k_scale is None, return_lse, block_table.shape,
+               partition_size)
+    return _route("paged_decode", backend, key, q=q, k_cache=k_cache, layout=layout, geom=g,
+                  opts=opts, return_lse=return_lse, block_table=block_table,
+                  partition_size=partition_size)
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -306,8 +314,11 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     V.check_shape("slot_mapping", slot_mapping, (k.shape[0],))
     ks = V._norm_kv_scale("k_scale", k_scale, k_cache.dtype, g.num_kv_heads, dev)
     vs = V._norm_kv_scale("v_scale", v_scale, k_cache.dtype, g.num_kv_heads, dev)
-    name, impl = dispatch.resolve("store_kv", backend, q=k, k_cache=k_cache, layout=layout,
-                                  geom=g)
+    key = None
+    if dev.type == "cuda":
+        key = (k.shape[1:], k.stride(), k.dtype, k.data_ptr() % 16, k_cache.shape,
+               k_cache.stride(), k_cache.dtype, k_cache.data_ptr() % 16, dev, layout)
+    name, impl = _route("store_kv", backend, key, q=k, k_cache=k_cache, layout=layout, geom=g)
     if V.validate_enabled(validate, name):
         V._check_scale_values("k_scale", ks)
         V._check_scale_values("v_scale", vs)

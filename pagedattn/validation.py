@@ -89,8 +89,27 @@ def _norm_kv_scale(name, scale, kv_dtype, num_kv_heads, device) -> Optional[torc
             raise ValueError(f"{name}: expected device {device}, got {scale.device}")
         t = scale.to(torch.float32).reshape(-1)
     else:
-        t = torch.tensor([_check_scalar(name, scale)], dtype=torch.float32, device=device)
+        return _scale_tensor(_check_scalar(name, scale), num_kv_heads, device)
     return t.expand(num_kv_heads).contiguous() if t.numel() == 1 else t.contiguous()
+
+
+_SCALES = {}  # (value, num_kv_heads, device) -> float32 [num_kv_heads]: float scales, made once
+
+
+def _scale_tensor(value: float, num_kv_heads: int, device) -> torch.Tensor:
+    """A float scale as the kernels' float32 [num_kv_heads] tensor, made once per value and
+    device (a fill, where ``torch.tensor`` would be a host-to-device copy that waits for the
+    stream and cannot run under CUDA-graph capture). Kernels only read it."""
+    key = (value, num_kv_heads, device)
+    t = _SCALES.get(key)
+    if t is None:
+        t = torch.full((num_kv_heads,), value, dtype=torch.float32, device=device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return t  # filled only when the graph replays: not for eager calls
+        if len(_SCALES) >= 256:
+            _SCALES.clear()
+        _SCALES[key] = t
+    return t
 
 
 def _check_scale_values(name, t: Optional[torch.Tensor]):

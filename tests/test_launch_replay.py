@@ -119,14 +119,26 @@ def test_decode_key_follows_the_metadata(monkeypatch):
     assert len(set(keys.values())) == len(keys)
 
 
-def test_decode_recorder_refuses_aliased_tensors(monkeypatch):
+def test_aliased_tensors_are_part_of_the_key(monkeypatch):
+    """One object in two argument slots (here k_cache is v_cache) keys apart from two objects, so
+    the slot the recorder gives both holds the right tensor on every call of the key."""
+    base = R.decode_key(_capture_call(monkeypatch), None, 0)
     call = _capture_call(monkeypatch, same_kv=True)
-    assert call.k_cache is call.v_cache  # one tensor in two slots
+    assert call.k_cache is call.v_cache
+    assert R.decode_key(call, None, 0) != base
     dummy = torch.empty(1)
-    assert R.decode_recorder(call, call.q, call.out, dummy, dummy, dummy, dummy) is None
-    call = _capture_call(monkeypatch)
     rec = R.decode_recorder(call, call.q, call.out, dummy, dummy, dummy, dummy)
-    assert rec is not None and rec.allocs == {} and rec.slots[id(dummy)] == "dummy"
+    assert rec.allocs == {} and rec.slots[id(dummy)] == "dummy"
+    assert rec.slots[id(call.k_cache)] in ("k", "v")
+
+
+def test_float_scales_become_one_device_tensor(monkeypatch):
+    """validation._scale_tensor: a float fp8 scale is made into a tensor once per value (no
+    host-to-device copy per call, which would wait for the stream)."""
+    a = _capture_call(monkeypatch, kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=0.25)
+    b = _capture_call(monkeypatch, kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=0.5)
+    assert a.opts.k_scale is b.opts.k_scale is b.opts.v_scale
+    assert a.opts.v_scale.tolist() == [0.25, 0.25] and a.opts.k_scale.dtype == torch.float32
 
 
 def test_replay_off_on_cpu_and_by_knob(monkeypatch):
@@ -145,6 +157,8 @@ REPLAY_CASES = {  # name: (Hq, Hkv, block, layout, kv dtype, q_len, lens, option
     "gqa p64 one pass": (32, 8, 64, "bhsd", torch.float16, 1, [64, 65, 999] * 20, {},
                          {"PAGEDATTN_DECODE_MODE": "one_pass"}),
     "fp8 float scales, lse": (16, 4, 16, "vllm", torch.float8_e4m3fn, 1, [9, 1500], {}, {}),
+    "fp8 one scale for k and v": (16, 4, 16, "bhsd", torch.float8_e5m2, 1, [9, 1500],
+                                  {"one_scale": True}, {}),
     "options, q_len 3": (8, 2, 32, "hcu", torch.bfloat16, 3, [3, 40, 777],
                          dict(sliding_window=100, logit_cap=20.0, sinks=True), {}),
 }
@@ -153,16 +167,17 @@ REPLAY_CASES = {  # name: (Hq, Hkv, block, layout, kv dtype, q_len, lens, option
 def _batch_and_q(case, device, seed):
     hq, hkv, bs, layout, kvd, q_len, lens, opts, _ = REPLAY_CASES[case]
     gen = torch.Generator().manual_seed(seed)
+    scales = (0.5, 0.5 if opts.get("one_scale") else 0.25)
     b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=128, block_size=bs, layout=layout,
-                         dtype=kvd, device=device, gen=gen, kv_scales=(0.5, 0.25))
+                         dtype=kvd, device=device, gen=gen, kv_scales=scales)
     qd = torch.float16 if kvd == torch.float16 else torch.bfloat16
     shape = (len(lens), hq, 128) if q_len == 1 else (len(lens), q_len, hq, 128)
     q = torch.randn(shape, generator=gen).to(device=device, dtype=qd)
     kw = dict(opts)
     if kw.pop("sinks", False):
         kw["sinks"] = torch.randn(hq, generator=gen).to(device)
-    if kvd in (torch.float8_e4m3fn, torch.float8_e5m2):
-        kw.update(k_scale=0.5, v_scale=0.25)  # floats: a fresh device tensor every call
+    if kvd in (torch.float8_e4m3fn, torch.float8_e5m2):  # floats: one device tensor per value
+        kw.update(k_scale=0.5, v_scale=0.5 if kw.pop("one_scale", False) else 0.25)
     return b, q, kw
 
 
@@ -292,3 +307,60 @@ def test_env_values_follow_the_environment(monkeypatch):
     assert a is None and b in ("x", b"x")
     monkeypatch.delenv("PAGEDATTN_TEST_KNOB_B")
     assert _env.values(key) == (None, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3fn"])
+def test_gpu_store_kv_replay_equals_the_normal_path(kv, device, monkeypatch):
+    """store_kv records once per metadata without the token count; later calls of any token
+    count replay with their own grid and write the same bytes as the normal path."""
+    if not R.enabled(device):
+        pytest.skip("launch replay needs triton 3.6 on CUDA")
+    n = _replays(monkeypatch)
+    kvd = getattr(torch, kv)
+    gen = torch.Generator(device=device).manual_seed(5)
+    scales = dict(k_scale=0.5, v_scale=2.0) if kvd != torch.bfloat16 else {}
+
+    def store(t, replay):
+        monkeypatch.setenv(R.ENV, "1" if replay else "0")
+        kc, vc = pa.make_kv_cache(64, 16, 4, 128, layout="vllm", dtype=kvd, device=device)
+        kc.view(torch.uint8).fill_(0x7F)  # poison: every written byte must come from k/v
+        vc.view(torch.uint8).fill_(0x7F)
+        k = torch.randn(t, 4, 128, dtype=torch.bfloat16, device=device, generator=gen)
+        v = torch.randn(t, 4, 128, dtype=torch.bfloat16, device=device, generator=gen)
+        slots = torch.randperm(64 * 16, device=device, generator=gen)[:t]
+        slots[::7] = -1  # padding tokens are skipped
+        pa.store_kv(k, v, kc, vc, slots, layout="vllm", validate=False, **scales)
+        return kc, vc, (k, v, slots)
+
+    store(3, True)  # records
+    gen.manual_seed(6)
+    got = store(200, True)  # another token count: replayed
+    assert n[0] == 1
+    gen.manual_seed(6)
+    want = store(200, False)
+    assert n[0] == 1
+    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+    assert torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
+    assert (got[0].view(torch.uint8) != 0x7F).any()  # it wrote
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_float_scales_in_a_cuda_graph(device, monkeypatch):
+    """Float fp8 scales become one device tensor per value: a decode call with them can be
+    captured after a warm-up call (a per-call host-to-device copy cannot be captured)."""
+    b, q, kw = _batch_and_q("fp8 float scales, lse", device, 7)
+    out = torch.empty_like(q)
+    want, _ = _call(b, q, kw)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        _call(b, q, kw, out)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _call(b, q, kw, out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)

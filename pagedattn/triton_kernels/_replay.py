@@ -71,6 +71,13 @@ def clear():
     _CACHE.clear()
 
 
+def aliasing(*tensors) -> tuple:
+    """Which arguments are one object (each position: the first position holding it): a slot
+    then stands for all of them, on every call of the key."""
+    first = {}
+    return tuple(first.setdefault(id(t), i) for i, t in enumerate(tensors))
+
+
 def alignment(*tensors) -> tuple:
     """Triton's pointer specialisation: whether each data pointer is 16-byte aligned (None for
     an absent tensor)."""
@@ -121,15 +128,17 @@ class Replay:
     def __init__(self, launches, allocs, shared):
         self.launches, self.allocs, self.shared = launches, allocs, shared
 
-    def __call__(self, tensors: dict, device, stream: int) -> dict:
+    def __call__(self, tensors: dict, device, stream: int, grid=None) -> dict:
         """Launch on ``stream`` (the current device's current stream, as ``JITFunction.run``)
         with ``tensors`` ({slot name: tensor}, the call's own), allocating on ``device``;
-        returns the slots, the fresh allocations included."""
+        ``grid``: the grid of every launch, where it is not part of the key (store_kv's token
+        count). Returns the slots, the fresh allocations included."""
         vals = dict(self.shared)
         vals.update(tensors)
         for name, (shape, dtype) in self.allocs.items():
             vals[name] = torch.empty(shape, dtype=dtype, device=device)
         for kernel, g, template, slots in self.launches:
+            g = g if grid is None else grid
             args = list(template)
             for i, name in slots:
                 args[i] = vals[name]
@@ -157,12 +166,12 @@ def decode_key(call, force_mode, current):
     if gluon is not None and gluon.TIMELINE is not None:
         return None
     q, k, v, bt, out, o = call.q, call.k_cache, call.v_cache, call.block_table, call.out, call.opts
+    own = (q, k, v, bt, call.seq_lens, out, o.k_scale, o.v_scale, o.alibi_slopes, o.sinks)
     return (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
             v.dtype, bt.shape, bt.stride(), call.seq_lens.shape, out.stride(), out.dtype,
             call.layout, o.scale, o.sliding_window, o.logit_cap, call.partition_size,
             call.return_lse, q.device, current, force_mode,
-            alignment(q, k, v, bt, call.seq_lens, out, o.k_scale, o.v_scale, o.alibi_slopes,
-                      o.sinks),
+            alignment(*own), aliasing(*own),
             _env.values(_DECODE_KNOBS_KEY))
 
 
@@ -175,13 +184,10 @@ def decode_tensors(call) -> dict:
 
 
 def decode_recorder(call, q4, out4, lse, ws_ml, ws_o, dummy):
-    """A :class:`Recorder` for decode.run's launches, or None when two of the call's tensors are
-    one object (a slot could not tell them apart on a later call)."""
+    """A :class:`Recorder` for decode.run's launches (tensors that are one object share a slot:
+    the key holds that aliasing)."""
     own = decode_tensors(call)
     own["q"], own["out"] = q4, out4  # the kernels get these views: same data pointers
-    ids = [id(t) for t in own.values() if t is not None]
-    if len(set(ids)) != len(ids):
-        return None
     slots = {id(t): name for name, t in own.items() if t is not None}
     slots[id(dummy)] = "dummy"
     allocs = {}
@@ -190,6 +196,34 @@ def decode_recorder(call, q4, out4, lse, ws_ml, ws_o, dummy):
             slots[id(t)] = name
             allocs[name] = (tuple(t.shape), t.dtype)
     return Recorder(slots, allocs, {"dummy": dummy})
+
+
+# ----------------------------------------------------------------------------------------------
+# store_kv (kv_store.run): one launch on a (tokens, KV heads) grid
+# ----------------------------------------------------------------------------------------------
+
+def store_key(k, v, k_cache, v_cache, slot_mapping, layout, k_scale, v_scale, current):
+    """Everything kv_store.run's launch depends on besides the data and the token count (the
+    grid's first dimension only: no argument, no specialisation depends on it)."""
+    own = (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    return ("store_kv", k.shape[1:], k.stride(), k.dtype, v.stride(), v.dtype, k_cache.shape,
+            k_cache.stride(), k_cache.dtype, v_cache.shape, v_cache.stride(), v_cache.dtype,
+            slot_mapping.dtype, slot_mapping.stride(), layout, k.device, current,
+            alignment(*own), aliasing(*own), _env.values(_STORE_KNOBS_KEY))
+
+
+_STORE_KNOBS_KEY = _env.names("TRITON_INTERPRET")
+
+
+def store_tensors(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> dict:
+    return {"k": k, "v": v, "kc": k_cache, "vc": v_cache, "slots": slot_mapping,
+            "k_scale": k_scale, "v_scale": v_scale}
+
+
+def store_recorder(tensors: dict, dummy):
+    slots = {id(t): name for name, t in tensors.items() if t is not None}
+    slots[id(dummy)] = "dummy"
+    return Recorder(slots, {}, {"dummy": dummy})
 
 
 def bound_params(jf, args, kwargs) -> dict:

@@ -10,6 +10,7 @@ import triton.language as tl
 
 from pagedattn import layouts as L
 from pagedattn.reference import FP8_DTYPES
+from pagedattn.triton_kernels import _replay
 from pagedattn.triton_kernels._common import kv_offset
 
 # mantissa bits and minimum normal exponent of each fp8 format
@@ -92,11 +93,25 @@ def run(k, v, k_cache, v_cache, slot_mapping, *, layout, geom, k_scale=None, v_s
     t, hkv, d = k.shape
     if t == 0:
         return
+    dev, rec = k.device, None
+    replay_on = _replay.enabled(dev)
+    if replay_on:  # eager fast path (_replay.py): the key leaves the token count out
+        cur = torch.cuda.current_device()
+        key = _replay.store_key(k, v, k_cache, v_cache, slot_mapping, layout, k_scale, v_scale,
+                                cur)
+        own = _replay.store_tensors(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        rep = _replay.lookup(key)
+        if rep is not None:
+            rep(own, dev, torch._C._cuda_getCurrentRawStream(cur), grid=(t, hkv, 1))
+            return
     fp8 = k_cache.dtype in FP8_DTYPES
     ks, vs = L.k_strides(k_cache, layout), L.v_strides(v_cache, layout)
     dummy = torch.empty(1, dtype=torch.float32, device=k.device)
+    if replay_on:
+        rec = _replay.store_recorder(own, dummy)
     # grid: one program per (token, KV head)
-    _store_kv_kernel[(t, hkv)](
+    _replay.launch(
+        rec, _store_kv_kernel, (t, hkv),
         k_ptr=k, v_ptr=v, k_cache_ptr=k_cache, v_cache_ptr=v_cache, slot_mapping_ptr=slot_mapping,
         k_scale_ptr=k_scale if fp8 else dummy, v_scale_ptr=v_scale if fp8 else dummy,
         stride_kt=k.stride(0), stride_kh=k.stride(1), stride_vt=v.stride(0),
@@ -110,3 +125,5 @@ def run(k, v, k_cache, v_cache, slot_mapping, *, layout, geom, k_scale=None, v_s
         FMAX=float(torch.finfo(k_cache.dtype).max) if fp8 else 0.0,
         MBITS=_FP8_GRID.get(k_cache.dtype, (0, 0))[0], EMIN=_FP8_GRID.get(k_cache.dtype, (0, 0))[1],
         num_warps=1)
+    if rec is not None and (replay := rec.replay()) is not None:
+        _replay.store(key, replay)
