@@ -190,9 +190,9 @@ def _replays(monkeypatch):
     n = [0]
     real = R.Replay.__call__
 
-    def counted(self, *a):
+    def counted(self, *a, **kw):
         n[0] += 1
-        return real(self, *a)
+        return real(self, *a, **kw)
     monkeypatch.setattr(R.Replay, "__call__", counted)
     return n
 
