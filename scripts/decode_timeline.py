@@ -9,7 +9,10 @@ with CUDA events around it (decode kernel + combine), and compared with the kern
   pipeline cannot hide);
 * loop: first tile -> loop done; tail: loop done -> exit (park or store);
 * end spread: the last exit minus each program's exit (how long the last ones run alone);
-* event time - kernel span: the combine, the launch gaps and the event overhead.
+* event time - kernel span: the combine, the launch gaps and the event overhead;
+* by SM (%smid): loop time by the number of programs an SM ran, and whether an SM's speed
+  persists across calls (correlation of per-SM mean loop times between calls): persistent,
+  position-bound rates would argue for handing out work dynamically.
 
 Usage: python scripts/decode_timeline.py [--batch 1] [--ctx 32768] [--heads 32/8] [--block 16]
 [--mode split|one_pass]
@@ -57,8 +60,9 @@ def main(argv=None):
     out = torch.empty_like(q)
     nbytes = 2 * args.batch * args.ctx * hkv * q.shape[-1] * k.element_size()
     call = lambda: pa.paged_decode(q, k, v, table, lens, out=out, validate=False)  # noqa: E731
-    stamps = torch.zeros(4 << 16, dtype=torch.int64, device="cuda")
+    stamps = torch.zeros(G.STAMPS << 16, dtype=torch.int64, device="cuda")
     G.TIMELINE = stamps
+    per_sm = []  # per call: {SM id: mean loop time}
     try:
         for _ in range(3):
             call()
@@ -73,7 +77,7 @@ def main(argv=None):
             call()
             e.record()
             e.synchronize()
-            t = stamps.view(-1, 4)
+            t = stamps.view(-1, G.STAMPS)
             t = t[t[:, 0] > 0]
             work = t[t[:, 1] > 0]  # programs that had a tile
             t0 = t[:, 0].min()
@@ -86,8 +90,39 @@ def main(argv=None):
             print(f"  loop          {_pct(work[:, 2] - work[:, 1])}")
             print(f"  tail          {_pct(work[:, 3] - work[:, 2])}")
             print(f"  end spread    {_pct(t[:, 3].max() - t[:, 3])}")
+            per_sm.append(_by_sm(work))
+        _persistence(per_sm)
     finally:
         G.TIMELINE = None
+
+
+def _by_sm(work):
+    """Loop times by how many programs shared the SM; returns {SM id: mean loop ns}."""
+    import torch
+    sm, loop = work[:, 4], (work[:, 2] - work[:, 1]).double()
+    ids, inv, count = torch.unique(sm, return_inverse=True, return_counts=True)
+    for c in torch.unique(count).tolist():
+        sel = count[inv] == c
+        print(f"  loop, {c} program(s) on the SM ({int(sel.sum())} programs): {_pct(loop[sel])}")
+    mean = torch.zeros(len(ids), dtype=torch.float64, device=loop.device).index_add_(0, inv, loop)
+    return dict(zip(ids.tolist(), (mean / count).tolist()))
+
+
+def _persistence(per_sm):
+    """Correlation of per-SM mean loop times between the first call and each later one."""
+    import torch
+    if len(per_sm) < 2:
+        return
+    first = per_sm[0]
+    for i, other in enumerate(per_sm[1:], 1):
+        common = sorted(set(first) & set(other))
+        a = torch.tensor([first[k] for k in common], dtype=torch.float64)
+        b = torch.tensor([other[k] for k in common], dtype=torch.float64)
+        r = torch.corrcoef(torch.stack([a, b]))[0, 1].item()
+        print(f"per-SM mean loop time, call 0 vs call {i}: correlation {r:+.2f} over "
+              f"{len(common)} SMs")
+    slow = sorted(first, key=first.get)
+    print(f"call 0 fastest SMs {slow[:8]}, slowest {slow[-8:]}")
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ ck = compile_sm90(G.decode_sm90, cst, {"bt_ptr": "*i32", "lens_ptr": "*i32", "tl
                                        "ws_o_ptr": "*fp32"}, G.NUM_WARPS)
 assert "wgmma.mma_async" in ck.asm["ptx"] and "cp.async" in ck.asm["ptx"]
 assert ("griddepcontrol.launch_dependents" in ck.asm["ptx"]) == (not one_pass)
-assert ("globaltimer" in ck.asm["ptx"]) == bool(stamps)
+assert ("globaltimer" in ck.asm["ptx"]) == bool(stamps) == ("%smid" in ck.asm["ptx"])
 assert ck.metadata.shared == G.smem_bytes(d, block_n, ns), ck.metadata.shared
 # two programs per SM (228 KB, 1 KB reserved per block) at D 128
 assert 2 * (ck.metadata.shared + 1024) <= 233472, ck.metadata.shared

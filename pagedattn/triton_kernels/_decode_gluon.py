@@ -57,6 +57,8 @@ ENV_EARLY = "PAGEDATTN_DECODE_GLUON_EARLY"
 # an int64 CUDA tensor of >= 4 entries per program makes the next launches write %globaltimer
 # stamps into it (scripts/decode_timeline.py); None: no stamps (the kernel has none compiled in)
 TIMELINE = None
+STAMPS = 5  # int64 per program in TIMELINE: 4 %globaltimer stamps (_stamp) and the SM id
+_STAMPS = gl.constexpr(STAMPS)
 
 
 def tile() -> tuple:
@@ -134,8 +136,9 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
     launch (this grid lets it start); rec: an ``_replay.Recorder`` or None."""
     d = call.geom.head_dim
     stamps = TIMELINE
-    if stamps is not None and stamps.numel() < 4 * grid[0] * grid[1] * grid[2]:
-        raise ValueError(f"_decode_gluon.TIMELINE: {stamps.numel()} int64 < 4 per program")
+    if stamps is not None and stamps.numel() < STAMPS * grid[0] * grid[1] * grid[2]:
+        raise ValueError(f"_decode_gluon.TIMELINE: {stamps.numel()} int64 < {STAMPS} per "
+                         "program")
     _replay.launch(
         rec, decode_sm90, grid,
         q4, call.k_cache, call.v_cache, call.block_table, call.seq_lens, out4, lse, ws_ml, ws_o,
@@ -152,12 +155,17 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
 @gluon.jit
 def _stamp(tl_ptr, slot: gl.constexpr, x):
     """TIMELINE runs: %globaltimer (ns) into tl_ptr[program, slot] (slots: 0 start, 1 first
-    tile landed, 2 loop done, 3 exit); x: any int32 scalar (the asm needs an operand)."""
+    tile landed, 2 loop done, 3 exit); at slot 0 also %smid into slot 4 (which SM ran the
+    program); x: any int32 scalar (the asm needs an operand)."""
     ns = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=gl.int64,
                                    is_pure=False, pack=1)
     pid = (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) \
         + gl.program_id(0)
-    gl.store(tl_ptr + pid.to(gl.int64) * 4 + slot, ns)
+    gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + slot, ns)
+    if slot == 0:
+        sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [x], dtype=gl.int32,
+                                       is_pure=False, pack=1)
+        gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 4, sm.to(gl.int64))
 
 
 @gluon.jit
@@ -218,7 +226,7 @@ def decode_sm90(
     out_ptr,  # [B, LQ, Hq, D]
     lse_ptr,  # float32 [B, LQ, Hq]
     ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
-    tl_ptr,  # int64 [programs, 4]: TIMELINE stamps (else any pointer, never touched)
+    tl_ptr,  # int64 [programs, STAMPS]: TIMELINE stamps (else any pointer, never touched)
     qk_scale,  # sm_scale * log2(e)
     LQ, Hq, P, PPP,
     stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_bt,
