@@ -278,7 +278,8 @@ def _mode(num_seqs, num_kv_heads, device):
 
 
 def run(call):
-    """Launch the decode kernel(s) for a validated DecodeCall; write call.out.
+    """Launch the decode kernel(s) for a validated DecodeCall; write call.out. On a GPU, a call
+    whose metadata was seen before relaunches that call's recorded launches (``_replay.py``).
 
     Returns float32 lse shaped ``q.shape[:-1]`` (natural log) when call.return_lse, else None.
     """
