@@ -239,3 +239,19 @@ def dense_attention(q, k, v, q_pos, *, scale, causal=True, window=None, cap=None
         out[:, h] = torch.where(rows.view(-1, 1), (e / torch.where(den > 0, den, 1.0)) @ vh, 0.0)
         lse[:, h] = torch.where(rows, lse_h.squeeze(1), float("-inf"))
     return out, lse
+
+
+def replay_in_cuda_graph(step, out: torch.Tensor):
+    """Capture ``step()`` in a CUDA graph and replay it once over a NaN-poisoned ``out``: one call
+    on a side stream first (the allocator's warm-up for the capture), as torch documents."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()

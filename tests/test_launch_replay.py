@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import pagedattn as pa
-from attn_utils import assert_attn_close, dense_attention, dense_kv, make_paged_batch, tol_key
+from attn_utils import (assert_attn_close, dense_attention, dense_kv, make_paged_batch,
+                        replay_in_cuda_graph, tol_key)
 
 R = importlib.import_module("pagedattn.triton_kernels._replay")
 PD = importlib.import_module("pagedattn.triton_kernels.decode")
@@ -258,17 +259,7 @@ def test_gpu_replay_inside_a_cuda_graph(device, monkeypatch):
     b, q, kw = _batch_and_q("gqa split (Triton kernel)", device, 3)
     out = torch.empty_like(q)
     want, _ = _call(b, q, kw)  # records
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        _call(b, q, kw, out)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _call(b, q, kw, out)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
+    replay_in_cuda_graph(lambda: _call(b, q, kw, out), out)
     assert n[0] == 2 and torch.equal(out, want)
 
 
@@ -352,15 +343,5 @@ def test_gpu_fp8_float_scales_in_a_cuda_graph(device, monkeypatch):
     b, q, kw = _batch_and_q("fp8 float scales, lse", device, 7)
     out = torch.empty_like(q)
     want, _ = _call(b, q, kw)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        _call(b, q, kw, out)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _call(b, q, kw, out)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
+    replay_in_cuda_graph(lambda: _call(b, q, kw, out), out)
     assert torch.equal(out, want)

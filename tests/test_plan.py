@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import pagedattn as pa
-from attn_utils import assert_attn_close, dense_attention, dense_kv, make_paged_batch
+from attn_utils import (assert_attn_close, dense_attention, dense_kv, make_paged_batch,
+                        replay_in_cuda_graph)
 
 BACKENDS = ["torch", "triton"]
 
@@ -101,15 +102,5 @@ def test_decode_captures_in_a_cuda_graph(device, entry):
                             backend="triton", out=out, validate=False)
     step()  # compile outside the capture
     want = out.clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    out.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
+    replay_in_cuda_graph(step, out)
     assert torch.equal(out, want)
