@@ -12,8 +12,8 @@ export PAGEDATTN_VALIDATE=0
 G=PAGEDATTN_DECODE_VARIANT=gluon
 T=PAGEDATTN_DECODE_GLUON_TILE
 timeout 330 python3 scripts/hip_decode_ab.py --label $PAGEDATTN_COMMIT --csv $O/ab_ring.csv \
-  triton g=$G g643=$G,$T=64,3 g644=$G,$T=64,4 g646=$G,$T=64,6 g1283=$G,$T=128,3 \
-  g324=$G,$T=32,4 g326=$G,$T=32,6 2>&1 | tee $O/ab_ring.md
+  triton triton_g=$G triton_g643=$G,$T=64,3 triton_g644=$G,$T=64,4 triton_g646=$G,$T=64,6 triton_g1283=$G,$T=128,3 \
+  triton_g324=$G,$T=32,4 triton_g326=$G,$T=32,6 2>&1 | tee $O/ab_ring.md
 for t in 64,4 64,6; do
   echo "## PAGEDATTN_DECODE_GLUON_TILE=$t" | tee -a $O/timeline.txt
   PAGEDATTN_DECODE_GLUON_TILE=$t timeout 60 python3 scripts/decode_timeline.py --calls 3 2>&1 \
