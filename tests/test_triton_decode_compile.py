@@ -96,11 +96,11 @@ import re, sys
 from gluon_offline import compile_sm90, resource_usage
 from pagedattn.triton_kernels import _decode_gluon as G
 
-one_pass, multi, d, group, lq, page, early, stamps, ids = (int(x) for x in sys.argv[1:10])
+one_pass, multi, d, group, lq, page, early, stamps = (int(x) for x in sys.argv[1:9])
 block_n, ns = G.TILE
 cst = dict(G=group, R=group * lq, D=d, PAGE=page, PART=512, BLOCK_N=block_n, NS=ns,
            ONE_PASS=bool(one_pass), MULTI=bool(multi), CAUSAL=lq > 1, RETURN_LSE=True,
-           EARLY=bool(early), IDS_AHEAD=ids, PDL=not one_pass, TIMELINE=bool(stamps),
+           EARLY=bool(early), PDL=not one_pass, TIMELINE=bool(stamps),
            num_warps=G.NUM_WARPS)
 ck = compile_sm90(G.decode_sm90, cst, {"bt_ptr": "*i32", "lens_ptr": "*i32", "tl_ptr": "*i64",
                                        "lse_ptr": "*fp32", "ws_ml_ptr": "*fp32",
@@ -120,14 +120,12 @@ print("GLUON_DECODE_COMPILES_OK")
 """
 
 
-@pytest.mark.parametrize("form", ["1,0,128,4,1,16,1,0,1", "0,0,128,4,1,16,1,0,1",
-                                  "0,1,128,4,1,64,1,0,1", "1,0,64,64,1,1,1,0,1",
-                                  "1,0,128,8,4,256,1,0,1", "0,0,128,1,1,16,0,0,1",
-                                  "0,1,128,4,1,16,1,1,1", "1,0,128,4,1,16,1,0,3",
-                                  "0,1,128,4,1,16,0,0,2"],
+@pytest.mark.parametrize("form", ["1,0,128,4,1,16,1,0", "0,0,128,4,1,16,1,0",
+                                  "0,1,128,4,1,64,1,0", "1,0,64,64,1,1,1,0",
+                                  "1,0,128,8,4,256,1,0", "0,0,128,1,1,16,0,0",
+                                  "0,1,128,4,1,16,1,1"],
                          ids=["one-pass", "split", "split-multi", "mqa-d64-page1",
-                              "spec-decode-page256", "split-mha-late", "split-timeline",
-                              "one-pass-ids3", "split-multi-late-ids2"])
+                              "spec-decode-page256", "split-mha-late", "split-timeline"])
 def test_gluon_decode_compiles_for_sm90(form):
     """The Gluon decode kernel (triton 3.6 only: Gluon's API moves between releases) for sm_90:
     async wgmma and cp.async, the shared memory the launcher plans with, no spills."""

@@ -53,7 +53,6 @@ TILE = (64, 2)
 _ALIGN = 8  # elements: every row a cp.async reads starts on 16 bytes
 ENV_TILE = "PAGEDATTN_DECODE_GLUON_TILE"
 ENV_EARLY = "PAGEDATTN_DECODE_GLUON_EARLY"
-ENV_IDS = "PAGEDATTN_DECODE_GLUON_IDS"
 # an int64 CUDA tensor of >= 4 entries per program makes the next launches write %globaltimer
 # stamps into it (scripts/decode_timeline.py); None: no stamps (the kernel has none compiled in)
 TIMELINE = None
@@ -84,17 +83,6 @@ def early() -> bool:
     if raw not in ("0", "1"):
         raise ValueError(f"{ENV_EARLY}={raw!r}: expected 0 or 1")
     return raw == "1"
-
-
-def ids_ahead() -> int:
-    """``PAGEDATTN_DECODE_GLUON_IDS`` (1-3, default 1): how many iterations before its copies are
-    issued a tile's block ids are loaded. An ids load that misses L2 queues behind the KV stream
-    (~3 us at (1, 32768), a 64-token tile per ~1.9 us per program); one iteration ahead, it can
-    hold up the refill. Same values for every setting."""
-    raw = os.environ.get(ENV_IDS, "1")
-    if raw not in ("1", "2", "3"):
-        raise ValueError(f"{ENV_IDS}={raw!r}: expected 1, 2 or 3")
-    return int(raw)
 
 
 def smem_bytes(head_dim: int, block_n: int, ns: int, elem: int = 2) -> int:
@@ -159,7 +147,7 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
         out4.stride(2), call.block_table.stride(0), ks.block, ks.token, ks.head, vs.block,
         vs.token, vs.head, G=group, R=rows, D=d, PAGE=call.geom.block_size, PART=part,
         BLOCK_N=block_n, NS=ns, ONE_PASS=one_pass, MULTI=ppp > 1, CAUSAL=q4.shape[1] > 1,
-        RETURN_LSE=bool(call.return_lse), EARLY=early(), IDS_AHEAD=ids_ahead(), PDL=pdl,
+        RETURN_LSE=bool(call.return_lse), EARLY=early(), PDL=pdl,
         TIMELINE=stamps is not None, num_warps=NUM_WARPS)
 
 
@@ -244,8 +232,8 @@ def decode_sm90(
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PART: gl.constexpr,
     BLOCK_N: gl.constexpr, NS: gl.constexpr, ONE_PASS: gl.constexpr, MULTI: gl.constexpr,
-    CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, EARLY: gl.constexpr,
-    IDS_AHEAD: gl.constexpr, PDL: gl.constexpr, TIMELINE: gl.constexpr, num_warps: gl.constexpr,
+    CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, EARLY: gl.constexpr, PDL: gl.constexpr,
+    TIMELINE: gl.constexpr, num_warps: gl.constexpr,
 ):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     TPC: gl.constexpr = D // 8  # threads per row of a 16-byte-per-thread copy
@@ -319,12 +307,7 @@ def decode_sm90(
         _issue(v_ring.index(i), vc_h, ids, start, t_hi, sb_v, stride_vt, v_tok, r, dcol,
                PAGE, BLOCK_N)
         async_copy.commit_group()
-    # block ids of the next tiles to issue: ids_nx (tile NS - 1), then ids_n2, ids_n3 (IDS_AHEAD)
     ids_nx = _ids(bt_row, t_lo + (NS - 1) * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
-    if IDS_AHEAD > 1:
-        ids_n2 = _ids(bt_row, t_lo + NS * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
-    if IDS_AHEAD > 2:
-        ids_n3 = _ids(bt_row, t_lo + (NS + 1) * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
 
     rows_s = gl.arange(0, _BLOCK_M, layout=ROW_S)
     pos = seq_len - LQ + rows_s // G  # [M] absolute query position of each row
@@ -346,15 +329,7 @@ def decode_sm90(
             _issue(v_ring.index((t + NS - 1) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
                    v_tok, r, dcol, PAGE, BLOCK_N)
             async_copy.commit_group()
-            if IDS_AHEAD == 1:
-                ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
-            elif IDS_AHEAD == 2:
-                ids_nx = ids_n2
-                ids_n2 = _ids(bt_row, nx + 2 * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
-            else:
-                ids_nx = ids_n2
-                ids_n2 = ids_n3
-                ids_n3 = _ids(bt_row, nx + 3 * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+            ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
             async_copy.wait_group(NS - 1)  # tile t landed (this thread's copies)
             fence_async_shared()
             gl.thread_barrier()  # every thread's copies
@@ -367,15 +342,7 @@ def decode_sm90(
             _issue(v_ring.index((t + NS - 1) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
                    v_tok, r, dcol, PAGE, BLOCK_N)
             async_copy.commit_group()
-            if IDS_AHEAD == 1:
-                ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
-            elif IDS_AHEAD == 2:
-                ids_nx = ids_n2
-                ids_n2 = _ids(bt_row, nx + 2 * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
-            else:
-                ids_nx = ids_n2
-                ids_n2 = ids_n3
-                ids_n3 = _ids(bt_row, nx + 3 * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+            ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)  # used one tile later
 
         if TIMELINE:
             if t == 0:
