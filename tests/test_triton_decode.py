@@ -467,6 +467,13 @@ def test_decode_variant_knobs_reject_bad_values(monkeypatch):
         G.early()
     monkeypatch.delenv(G.ENV_EARLY)
     assert G.early()
+    monkeypatch.setenv(G.ENV_SWAP, "yes")
+    with pytest.raises(ValueError, match=G.ENV_SWAP):
+        G.swap(4)
+    monkeypatch.setenv(G.ENV_SWAP, "1")
+    assert G.swap(32) and not G.swap(33)  # more rows keep decode_sm90
+    monkeypatch.delenv(G.ENV_SWAP)
+    assert not G.swap(4)
 
 
 def test_decode_auto_variant_rule(monkeypatch):
@@ -569,14 +576,16 @@ GLUON_CASES = [  # dtype, layout, (Hq, Hkv), D, block, q_len, partition, lens
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
 @pytest.mark.parametrize("tile", ["", "32,3", "32,4", "64,3", "128,2", "16,4", "late",
-                                  "late-32,3"])
+                                  "late-32,3", "swap", "swap-32,3", "swap-late-128,2"])
 def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
     """The Gluon kernel against the float64 oracle over dtypes, layouts, groups 1-64, D 64/128,
     blocks 1-256, speculative q_len, NaN-poisoned pages and table slack, every tile (knob);
     split (1 and several partitions per program) == one pass, bit for bit; it really ran."""
     qd, layout, (hq, hkv), d, bs, q_len, part, lens = GLUON_CASES[case]
-    monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_EARLY", "0" if tile.startswith("late") else "1")
-    tile = tile.split("late")[-1].strip("-")
+    knobs = tile.split("-")  # "late": refill after the wait; "swap": keys on the wgmma's M
+    monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_EARLY", "0" if "late" in knobs else "1")
+    monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_SWAP", "1" if "swap" in knobs else "0")
+    tile = "".join(k for k in knobs if "," in k)
     if tile:
         monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_TILE", tile)
     if part is not None and tile and part % int(tile.split(",")[0]):

@@ -96,19 +96,25 @@ import re, sys
 from gluon_offline import compile_sm90, resource_usage
 from pagedattn.triton_kernels import _decode_gluon as G
 
-one_pass, multi, d, group, lq, page, early, stamps = (int(x) for x in sys.argv[1:9])
+one_pass, multi, d, group, lq, page, early, stamps, swap = (int(x) for x in sys.argv[1:10])
 block_n, ns = G.TILE
 cst = dict(G=group, R=group * lq, D=d, PAGE=page, PART=512, BLOCK_N=block_n, NS=ns,
            ONE_PASS=bool(one_pass), MULTI=bool(multi), CAUSAL=lq > 1, RETURN_LSE=True,
            EARLY=bool(early), PDL=not one_pass, TIMELINE=bool(stamps),
            num_warps=G.NUM_WARPS)
-ck = compile_sm90(G.decode_sm90, cst, {"bt_ptr": "*i32", "lens_ptr": "*i32", "tl_ptr": "*i64",
-                                       "lse_ptr": "*fp32", "ws_ml_ptr": "*fp32",
-                                       "ws_o_ptr": "*fp32"}, G.NUM_WARPS)
-assert "wgmma.mma_async" in ck.asm["ptx"] and "cp.async" in ck.asm["ptx"]
+kernel, smem = G.decode_sm90, G.smem_bytes(d, block_n, ns)
+if swap:  # keys on the wgmma's M side: N = the rows padded to a power of two >= 8
+    from pagedattn.triton_kernels import _decode_gluon_swap as S
+    cst["NQ"] = S.rows_padded(group * lq)
+    kernel, smem = S.decode_sm90_swap, S.smem_bytes(d, block_n, ns, group * lq)
+ck = compile_sm90(kernel, cst, {"bt_ptr": "*i32", "lens_ptr": "*i32", "tl_ptr": "*i64",
+                                "lse_ptr": "*fp32", "ws_ml_ptr": "*fp32",
+                                "ws_o_ptr": "*fp32"}, G.NUM_WARPS)
+n = cst.get("NQ", 64)
+assert f"wgmma.mma_async.sync.aligned.m64n{n}k16" in ck.asm["ptx"] and "cp.async" in ck.asm["ptx"]
 assert ("griddepcontrol.launch_dependents" in ck.asm["ptx"]) == (not one_pass)
 assert ("globaltimer" in ck.asm["ptx"]) == bool(stamps) == ("%smid" in ck.asm["ptx"])
-assert ck.metadata.shared == G.smem_bytes(d, block_n, ns), ck.metadata.shared
+assert ck.metadata.shared == smem, (ck.metadata.shared, smem)
 # two programs per SM (228 KB, 1 KB reserved per block) at D 128
 assert 2 * (ck.metadata.shared + 1024) <= 233472, ck.metadata.shared
 res = resource_usage(ck)
@@ -120,12 +126,15 @@ print("GLUON_DECODE_COMPILES_OK")
 """
 
 
-@pytest.mark.parametrize("form", ["1,0,128,4,1,16,1,0", "0,0,128,4,1,16,1,0",
-                                  "0,1,128,4,1,64,1,0", "1,0,64,64,1,1,1,0",
-                                  "1,0,128,8,4,256,1,0", "0,0,128,1,1,16,0,0",
-                                  "0,1,128,4,1,16,1,1"],
+@pytest.mark.parametrize("form", ["1,0,128,4,1,16,1,0,0", "0,0,128,4,1,16,1,0,0",
+                                  "0,1,128,4,1,64,1,0,0", "1,0,64,64,1,1,1,0,0",
+                                  "1,0,128,8,4,256,1,0,0", "0,0,128,1,1,16,0,0,0",
+                                  "0,1,128,4,1,16,1,1,0", "1,0,128,4,1,16,1,0,1",
+                                  "0,1,128,8,4,256,0,1,1", "0,0,64,1,1,1,1,0,1"],
                          ids=["one-pass", "split", "split-multi", "mqa-d64-page1",
-                              "spec-decode-page256", "split-mha-late", "split-timeline"])
+                              "spec-decode-page256", "split-mha-late", "split-timeline",
+                              "swap-one-pass", "swap-spec-decode-late-timeline",
+                              "swap-mha-d64-page1"])
 def test_gluon_decode_compiles_for_sm90(form):
     """The Gluon decode kernel (triton 3.6 only: Gluon's API moves between releases) for sm_90:
     async wgmma and cp.async, the shared memory the launcher plans with, no spills."""

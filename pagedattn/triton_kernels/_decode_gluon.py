@@ -53,6 +53,7 @@ TILE = (64, 2)
 _ALIGN = 8  # elements: every row a cp.async reads starts on 16 bytes
 ENV_TILE = "PAGEDATTN_DECODE_GLUON_TILE"
 ENV_EARLY = "PAGEDATTN_DECODE_GLUON_EARLY"
+ENV_SWAP = "PAGEDATTN_DECODE_GLUON_SWAP"
 # an int64 CUDA tensor of >= 4 entries per program makes the next launches write %globaltimer
 # stamps into it (scripts/decode_timeline.py); None: no stamps (the kernel has none compiled in)
 TIMELINE = None
@@ -85,8 +86,21 @@ def early() -> bool:
     return raw == "1"
 
 
-def smem_bytes(head_dim: int, block_n: int, ns: int, elem: int = 2) -> int:
-    """Shared memory of one program: Q and the K and V rings."""
+def swap(rows: int) -> bool:
+    """``PAGEDATTN_DECODE_GLUON_SWAP`` (default 0; 1 for A/B runs): calls of <= 32 rows (group x
+    q_len) run ``_decode_gluon_swap.decode_sm90_swap`` (keys on the wgmma's M side) instead.
+    Depends on the model and q_len only, never on the batch."""
+    raw = os.environ.get(ENV_SWAP, "0")
+    if raw not in ("0", "1"):
+        raise ValueError(f"{ENV_SWAP}={raw!r}: expected 0 or 1")
+    return raw == "1" and rows <= 32  # _decode_gluon_swap.MAX_ROWS
+
+
+def smem_bytes(head_dim: int, block_n: int, ns: int, elem: int = 2, rows: int = BLOCK_M) -> int:
+    """Shared memory of one program: Q and the K and V rings (and P^T when :func:`swap`)."""
+    if swap(rows):
+        from pagedattn.triton_kernels import _decode_gluon_swap as S
+        return S.smem_bytes(head_dim, block_n, ns, rows, elem, NUM_WARPS)
     return (BLOCK_M + 2 * ns * block_n) * head_dim * elem
 
 
@@ -138,8 +152,12 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
     if stamps is not None and stamps.numel() < STAMPS * grid[0] * grid[1] * grid[2]:
         raise ValueError(f"_decode_gluon.TIMELINE: {stamps.numel()} int64 < {STAMPS} per "
                          "program")
+    kernel, nq = decode_sm90, {}
+    if swap(rows):
+        from pagedattn.triton_kernels import _decode_gluon_swap as S
+        kernel, nq = S.decode_sm90_swap, dict(NQ=S.rows_padded(rows))
     _replay.launch(
-        rec, decode_sm90, grid,
+        rec, kernel, grid,
         q4, call.k_cache, call.v_cache, call.block_table, call.seq_lens, out4, lse, ws_ml, ws_o,
         stamps if stamps is not None else lse, float(call.opts.scale) * 1.4426950408889634,
         q4.shape[1], q4.shape[2], n_part_max, ppp,
@@ -148,7 +166,7 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
         vs.token, vs.head, G=group, R=rows, D=d, PAGE=call.geom.block_size, PART=part,
         BLOCK_N=block_n, NS=ns, ONE_PASS=one_pass, MULTI=ppp > 1, CAUSAL=q4.shape[1] > 1,
         RETURN_LSE=bool(call.return_lse), EARLY=early(), PDL=pdl,
-        TIMELINE=stamps is not None, num_warps=NUM_WARPS)
+        TIMELINE=stamps is not None, num_warps=NUM_WARPS, **nq)
 
 
 @gluon.jit

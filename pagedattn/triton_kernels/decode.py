@@ -327,7 +327,7 @@ def run(call):
     # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
     gk, g_tile = _gluon(call, ks, vs, rows, part, dev)
     if gk is not None:
-        smem, warps = gk.smem_bytes(d, *g_tile), gk.NUM_WARPS
+        smem, warps = gk.smem_bytes(d, *g_tile, rows=rows), gk.NUM_WARPS
     else:
         smem = (num_stages * block_n * block_d * 2 * call.k_cache.element_size()
                 + block_m * block_d * 2)

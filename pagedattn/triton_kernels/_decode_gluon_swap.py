@@ -1,0 +1,276 @@
+"""Paged decode for sm_90 in Gluon, keys on the wgmma's M side (``PAGEDATTN_DECODE_GLUON_SWAP``).
+
+Why (bench/results/2026-12-01-h200-s14): ``_decode_gluon.decode_sm90`` pads the group's G * Lq
+query rows to the 64 rows of a wgmma. For G * Lq = 4 that is 16x the useful tensor work, and its
+softmax runs over a 64 x 64 tile: one warpgroup needs ~1.1 us per 64-token tile, so a program
+cannot speed up when others finish (the (1, 32768) tail) and a lone program per SM is slower
+than two. Here the products are transposed so the wide side is the keys:
+
+  S^T [BLOCK_N, NQ] = K_t [BLOCK_N, D] . Q^T [D, NQ]      (A: the K ring slot, B: Q in smem)
+  O^T [D, NQ]      += V_t^T [D, BLOCK_N] . P^T [BLOCK_N, NQ]  (A: the V slot, transposed view)
+
+with NQ = the rows padded to a multiple of 8 (wgmma's N). The tensor work and the softmax
+shrink by 64 / NQ; the price is that a row's max and sum now run across the 4 warps (the
+compiler's shared-memory reduction) and P^T goes through a small shared tile (wgmma's B).
+
+Same grid, partitions, workspace, fold and combine as ``decode_sm90`` (see there); bits differ
+from it (another tile arithmetic), so the knob never changes with the batch: one-pass and split
+launches of this kernel are bitwise equal to each other.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
+                                                              warpgroup_mma)
+
+from pagedattn.triton_kernels._decode_gluon import _stamp
+from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
+
+_LN2 = gl.constexpr(0.6931471805599453)
+
+
+def rows_padded(rows: int) -> int:
+    """NQ: the query rows as wgmma's N (a power of two >= 8, so the layouts tile evenly)."""
+    n = 8
+    while n < rows:
+        n *= 2
+    return n
+
+
+MAX_ROWS = 32  # more rows gain little (64 / NQ <= 2) and spill (O^T and S^T: 96 fp32 / thread)
+
+
+def smem_bytes(head_dim: int, block_n: int, ns: int, rows: int, elem: int = 2,
+               num_warps: int = 4) -> int:
+    """Shared memory of one program: Q, the K and V rings, the P^T tile and the scratch of the
+    cross-warp row reductions (fp32 per row and warp)."""
+    nq = rows_padded(rows)
+    return (nq * head_dim + 2 * ns * block_n * head_dim + block_n * nq) * elem \
+        + 4 * nq * num_warps
+
+
+@gluon.jit
+def _fold_t(big_m, big_l, big_a, m_p, l_p, acc_p, COL_O: gl.constexpr):
+    """``_decode_kernels._merge`` on transposed states (acc [D, NQ]; the same FMAs)."""
+    m_p = gl.convert_layout(m_p, COL_O)
+    l_p = gl.convert_layout(l_p, COL_O)
+    m_new = gl.maximum(big_m, m_p)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    a = gl.exp2(big_m - m_safe)
+    b = gl.exp2(m_p - m_safe)
+    big_l = gl.fma(l_p, b, big_l * a)
+    big_a = gl.fma(acc_p, b[None, :], big_a * a[None, :])
+    return m_new, big_l, big_a
+
+
+@gluon.jit
+def _park_t(ws_ml_ptr, ws_o_ptr, row0, m, l, acc, R: gl.constexpr, D: gl.constexpr,
+            COL_S: gl.constexpr, ROW_O: gl.constexpr, COL_O: gl.constexpr):
+    """Store one partition's state (acc [D, NQ]) at workspace rows row0 + [0, R)."""
+    rs = gl.arange(0, acc.shape[1], layout=COL_S)
+    gl.store(ws_ml_ptr + 2 * (row0 + rs), m, mask=rs < R)
+    gl.store(ws_ml_ptr + 2 * (row0 + rs) + 1, l, mask=rs < R)
+    ro = gl.arange(0, acc.shape[1], layout=COL_O)
+    do = gl.arange(0, D, layout=ROW_O)
+    gl.store(ws_o_ptr + ((row0 + ro)[None, :] * D + do[:, None]), acc, mask=(ro < R)[None, :])
+
+
+@gluon.jit
+def _finish_t(out_ptr, lse_ptr, s, h, m, l, acc, Hq, LQ, stride_ob, stride_ot, stride_oh,
+              G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, RETURN_LSE: gl.constexpr,
+              ROW_O: gl.constexpr, COL_O: gl.constexpr):
+    """``_decode_gluon._finish`` on a transposed state: normalise, store out (and lse)."""
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    one = gl.full(m.shape, 1.0, gl.float32, COL_O)
+    inv = gl.where(l > 0, one / gl.where(l > 0, l, 1.0), 0.0)
+    o = acc * inv[None, :]
+    ro = gl.arange(0, acc.shape[1], layout=COL_O)
+    qi = ro // G
+    qh = h * G + ro % G
+    ok = ro < R
+    do = gl.arange(0, D, layout=ROW_O)
+    o_off = s * stride_ob + qi.to(gl.int64) * stride_ot + qh.to(gl.int64) * stride_oh
+    gl.store(out_ptr + (o_off[None, :] + do[:, None]), o.to(out_ptr.dtype.element_ty),
+             mask=ok[None, :])
+    if RETURN_LSE:
+        lse2 = gl.where(l > 0, m_safe + gl.log2(gl.where(l > 0, l, 1.0)), float("-inf"))
+        gl.store(lse_ptr + ((s * LQ + qi) * Hq + qh), lse2 * _LN2, mask=ok)
+
+
+@gluon.jit
+def decode_sm90_swap(
+    q_ptr,  # [B, LQ, Hq, D] (strides)
+    kc_ptr, vc_ptr,  # paged caches, head dim contiguous (bhsd, bshd)
+    bt_ptr, lens_ptr,  # int32 block table [B, W], seq_lens [B]
+    out_ptr,  # [B, LQ, Hq, D]
+    lse_ptr,  # float32 [B, LQ, Hq]
+    ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
+    tl_ptr,  # int64 [programs, STAMPS]: TIMELINE stamps (else any pointer, never touched)
+    qk_scale,  # sm_scale * log2(e)
+    LQ, Hq, P, PPP,
+    stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_bt,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    G: gl.constexpr, R: gl.constexpr, NQ: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
+    PART: gl.constexpr, BLOCK_N: gl.constexpr, NS: gl.constexpr, ONE_PASS: gl.constexpr,
+    MULTI: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, EARLY: gl.constexpr,
+    PDL: gl.constexpr, TIMELINE: gl.constexpr, num_warps: gl.constexpr,
+):
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    TPC: gl.constexpr = D // 8  # threads per row of a 16-byte-per-thread copy
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [num_warps, 1], [1, 0])
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, NQ, 16])
+    ROW_S: gl.constexpr = gl.SliceLayout(1, MMA)  # keys of S^T
+    COL_S: gl.constexpr = gl.SliceLayout(0, MMA)  # query rows of S^T
+    ROW_O: gl.constexpr = gl.SliceLayout(1, MMA)  # head dim of O^T
+    COL_O: gl.constexpr = gl.SliceLayout(0, MMA)  # query rows of O^T
+    KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
+    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, D], dtype)
+    P_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, BLOCK_N], dtype)
+
+    # grid: (Hkv, B, P) split, (Hkv, B, cdiv(P, PPP)) split with MULTI, (Hkv, B, 1) one pass
+    h = gl.program_id(0)
+    if TIMELINE:
+        _stamp(tl_ptr, 0, h)
+    if PDL:  # the combine launch may start now; it waits for this grid before reading
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n mov.u32 $0, $1;", "=r,r",
+                                  [h], dtype=gl.int32, is_pure=False, pack=1)
+    s = gl.program_id(1).to(gl.int64)
+    seq_len = gl.load(lens_ptr + s)
+    n_parts = gl.maximum((seq_len + PART - 1) // PART, 1)
+    if ONE_PASS:
+        p = 0
+        t_lo = 0
+        t_hi = seq_len
+    elif MULTI:
+        p = gl.program_id(2) * PPP
+        t_lo = p * PART
+        t_hi = gl.minimum((p + PPP) * PART, seq_len)
+    else:
+        p = gl.program_id(2)
+        t_lo = p * PART
+        t_hi = gl.minimum(p * PART + PART, seq_len)
+    if p >= n_parts:  # split: past the sequence's last partition
+        if TIMELINE:
+            _stamp(tl_ptr, 3, h)
+        return
+    n_tiles = gl.cdiv(t_hi - t_lo, BLOCK_N)
+    lim = t_hi  # tiles ending past lim hold a key some row cannot see
+    if CAUSAL:
+        lim = gl.minimum(t_hi, seq_len - LQ + 1)
+
+    bt_row = bt_ptr + s * stride_bt
+    kc_h = kc_ptr + h.to(gl.int64) * stride_kh
+    vc_h = vc_ptr + h.to(gl.int64) * stride_vh
+    sb_k = stride_kb.to(gl.uint32).to(gl.int64)
+    sb_v = stride_vb.to(gl.uint32).to(gl.int64)
+    dcol = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
+    r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))  # key row within a tile
+    TPP: gl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N  # tile rows per page
+    k_tok = (r % TPP) * stride_kt  # loop-invariant token terms (int32: within one page)
+    v_tok = (r % TPP) * stride_vt
+    q_smem = gl.allocate_shared_memory(dtype, [NQ, D], Q_SMEM)  # Q [NQ, D]
+    k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
+    v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
+    p_smem = gl.allocate_shared_memory(dtype, [NQ, BLOCK_N], P_SMEM)  # P [NQ, BLOCK_N]
+
+    # prologue (as decode_sm90): Q joins tile 0's group; tiles 1 .. NS-2 one group each
+    _load_q(q_smem, q_ptr + s * stride_qb, 0, 0, LQ, h, stride_qt, stride_qh, dcol, G, G,
+            NQ, LD)
+    for i in gl.static_range(NS - 1):
+        start = t_lo + i * BLOCK_N
+        ids = _ids(bt_row, start, t_hi, r, PAGE, BLOCK_N)
+        _issue(k_ring.index(i), kc_h, ids, start, t_hi, sb_k, stride_kt, k_tok, r, dcol,
+               PAGE, BLOCK_N)
+        _issue(v_ring.index(i), vc_h, ids, start, t_hi, sb_v, stride_vt, v_tok, r, dcol,
+               PAGE, BLOCK_N)
+        async_copy.commit_group()
+    ids_nx = _ids(bt_row, t_lo + (NS - 1) * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+
+    qrow = gl.arange(0, NQ, layout=COL_S)
+    pos = seq_len - LQ + qrow // G  # [NQ] absolute query position of each row
+    keys = gl.arange(0, BLOCK_N, layout=ROW_S)
+    ws_row0 = (s * gl.num_programs(0) + h) * P * R  # int64: (s, h, partition 0, row 0)
+    m_i = gl.full([NQ], float("-inf"), gl.float32, COL_S)
+    l_i = gl.zeros([NQ], gl.float32, COL_S)
+    o = gl.zeros([D, NQ], gl.float32, MMA)  # O^T
+    big_m = gl.full([NQ], float("-inf"), gl.float32, COL_O)
+    big_l = gl.zeros([NQ], gl.float32, COL_O)
+    big_a = gl.zeros([D, NQ], gl.float32, MMA)
+    for t in range(n_tiles):
+        start = t_lo + t * BLOCK_N
+        nx = start + (NS - 1) * BLOCK_N
+        if EARLY:  # refill first: NS tiles in flight during the wait, one more barrier
+            gl.thread_barrier()  # every warp done with tile t - 1's slot and P^T
+            _issue(k_ring.index((t + NS - 1) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt,
+                   k_tok, r, dcol, PAGE, BLOCK_N)
+            _issue(v_ring.index((t + NS - 1) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
+                   v_tok, r, dcol, PAGE, BLOCK_N)
+            async_copy.commit_group()
+            ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+            async_copy.wait_group(NS - 1)  # tile t landed (this thread's copies)
+            fence_async_shared()
+            gl.thread_barrier()  # every thread's copies
+        else:
+            async_copy.wait_group(NS - 2)  # tile t landed (this thread's copies)
+            fence_async_shared()
+            gl.thread_barrier()  # every thread's copies; every warp done with tile t - 1
+            _issue(k_ring.index((t + NS - 1) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt,
+                   k_tok, r, dcol, PAGE, BLOCK_N)
+            _issue(v_ring.index((t + NS - 1) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
+                   v_tok, r, dcol, PAGE, BLOCK_N)
+            async_copy.commit_group()
+            ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)  # used one tile later
+
+        if TIMELINE:
+            if t == 0:
+                _stamp(tl_ptr, 1, h)
+        # S^T [BLOCK_N, NQ] = K_t Q^T
+        sc = warpgroup_mma(k_ring.index(t % NS), q_smem.permute((1, 0)),
+                           gl.zeros([BLOCK_N, NQ], gl.float32, MMA), use_acc=False)
+        sc = sc * qk_scale
+        if start + BLOCK_N > lim:
+            j = start + keys
+            vis = (j < t_hi)[:, None]
+            if CAUSAL:
+                vis = vis & (j[:, None] <= pos[None, :])
+            sc = gl.where(vis, sc, float("-inf"))
+        # _common.online_softmax_step, per column
+        m_new = gl.maximum(m_i, gl.max(sc, 0))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        pr = gl.exp2(sc - m_safe[None, :])  # P^T [BLOCK_N, NQ]
+        l_i = l_i * alpha + gl.sum(pr, 0)
+        m_i = m_new
+        o = o * gl.convert_layout(alpha, COL_O)[None, :]
+        p_smem.permute((1, 0)).store(pr.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()  # every warp's P^T rows
+        # O^T [D, NQ] += V_t^T P^T
+        o = warpgroup_mma(v_ring.index(t % NS).permute((1, 0)), p_smem.permute((1, 0)), o)
+
+        end = start + BLOCK_N
+        if ((end % PART) == 0) | (end >= t_hi):  # this partition's last tile
+            if ONE_PASS:
+                big_m, big_l, big_a = _fold_t(big_m, big_l, big_a, m_i, l_i, o, COL_O)
+                m_i = gl.full([NQ], float("-inf"), gl.float32, COL_S)
+                l_i = gl.zeros([NQ], gl.float32, COL_S)
+                o = gl.zeros([D, NQ], gl.float32, MMA)
+            elif n_parts > 1:  # a single-partition sequence is finished below
+                _park_t(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R, m_i, l_i, o,
+                        R, D, COL_S, ROW_O, COL_O)
+                m_i = gl.full([NQ], float("-inf"), gl.float32, COL_S)
+                l_i = gl.zeros([NQ], gl.float32, COL_S)
+                o = gl.zeros([D, NQ], gl.float32, MMA)
+    async_copy.wait_group(0)  # no copy outlives the program
+    if TIMELINE:
+        _stamp(tl_ptr, 2, h)
+
+    if ONE_PASS:
+        _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
+                  stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
+    elif n_parts == 1:  # the state one pass would hold: one fold into the empty state
+        big_m, big_l, big_a = _fold_t(big_m, big_l, big_a, m_i, l_i, o, COL_O)
+        _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
+                  stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
+    if TIMELINE:
+        _stamp(tl_ptr, 3, h)
