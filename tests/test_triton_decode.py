@@ -469,11 +469,12 @@ def test_decode_variant_knobs_reject_bad_values(monkeypatch):
     assert G.early()
     monkeypatch.setenv(G.ENV_SWAP, "yes")
     with pytest.raises(ValueError, match=G.ENV_SWAP):
-        G.swap(4)
+        G.swap(4, 64)
     monkeypatch.setenv(G.ENV_SWAP, "1")
-    assert G.swap(32) and not G.swap(33)  # more rows keep decode_sm90
+    # more rows, or tiles under the wgmma's 64 M rows, keep decode_sm90
+    assert G.swap(32, 64) and G.swap(4, 128) and not G.swap(33, 64) and not G.swap(4, 32)
     monkeypatch.delenv(G.ENV_SWAP)
-    assert not G.swap(4)
+    assert not G.swap(4, 64)
 
 
 def test_decode_auto_variant_rule(monkeypatch):
@@ -576,7 +577,7 @@ GLUON_CASES = [  # dtype, layout, (Hq, Hkv), D, block, q_len, partition, lens
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
 @pytest.mark.parametrize("tile", ["", "32,3", "32,4", "64,3", "128,2", "16,4", "late",
-                                  "late-32,3", "swap", "swap-32,3", "swap-late-128,2"])
+                                  "late-32,3", "swap", "swap-64,3", "swap-late-128,2"])
 def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
     """The Gluon kernel against the float64 oracle over dtypes, layouts, groups 1-64, D 64/128,
     blocks 1-256, speculative q_len, NaN-poisoned pages and table slack, every tile (knob);

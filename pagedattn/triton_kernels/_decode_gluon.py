@@ -86,19 +86,20 @@ def early() -> bool:
     return raw == "1"
 
 
-def swap(rows: int) -> bool:
+def swap(rows: int, block_n: int) -> bool:
     """``PAGEDATTN_DECODE_GLUON_SWAP`` (default 0; 1 for A/B runs): calls of <= 32 rows (group x
-    q_len) run ``_decode_gluon_swap.decode_sm90_swap`` (keys on the wgmma's M side) instead.
-    Depends on the model and q_len only, never on the batch."""
+    q_len) on tiles of a multiple of 64 tokens (the wgmma's M) run
+    ``_decode_gluon_swap.decode_sm90_swap`` (keys on the M side) instead. Depends on the model,
+    q_len and the tile, never on the batch."""
     raw = os.environ.get(ENV_SWAP, "0")
     if raw not in ("0", "1"):
         raise ValueError(f"{ENV_SWAP}={raw!r}: expected 0 or 1")
-    return raw == "1" and rows <= 32  # _decode_gluon_swap.MAX_ROWS
+    return raw == "1" and rows <= 32 and block_n % 64 == 0  # _decode_gluon_swap.MAX_ROWS
 
 
 def smem_bytes(head_dim: int, block_n: int, ns: int, elem: int = 2, rows: int = BLOCK_M) -> int:
     """Shared memory of one program: Q and the K and V rings (and P^T when :func:`swap`)."""
-    if swap(rows):
+    if swap(rows, block_n):
         from pagedattn.triton_kernels import _decode_gluon_swap as S
         return S.smem_bytes(head_dim, block_n, ns, rows, elem, NUM_WARPS)
     return (BLOCK_M + 2 * ns * block_n) * head_dim * elem
@@ -153,7 +154,7 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
         raise ValueError(f"_decode_gluon.TIMELINE: {stamps.numel()} int64 < {STAMPS} per "
                          "program")
     kernel, nq = decode_sm90, {}
-    if swap(rows):
+    if swap(rows, block_n):
         from pagedattn.triton_kernels import _decode_gluon_swap as S
         kernel, nq = S.decode_sm90_swap, dict(NQ=S.rows_padded(rows))
     _replay.launch(
