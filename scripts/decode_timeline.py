@@ -10,6 +10,8 @@ with CUDA events around it (decode kernel + combine), and compared with the kern
 * loop: first tile -> loop done; tail: loop done -> exit (park or store);
 * end spread: the last exit minus each program's exit (how long the last ones run alone);
 * event time - kernel span: the combine, the launch gaps and the event overhead;
+* issue / wait / compute: the loop's %clock64 cycles refilling the ring, waiting for a tile to
+  land, and computing (decode_sm90; the wait share says how memory-bound a program is);
 * by SM (%smid): loop time by the number of programs an SM ran, and whether an SM's speed
   persists across calls (correlation of per-SM mean loop times between calls): persistent,
   position-bound rates would argue for handing out work dynamically.
@@ -90,6 +92,17 @@ def main(argv=None):
             print(f"  loop          {_pct(work[:, 2] - work[:, 1])}")
             print(f"  tail          {_pct(work[:, 3] - work[:, 2])}")
             print(f"  end spread    {_pct(t[:, 3].max() - t[:, 3])}")
+            cyc = work[:, 5:8].double()
+            if cyc.sum() > 0:  # decode_sm90: loop cycles issuing, waiting for tiles, computing
+                tot = cyc.sum(1)
+                for j, name in enumerate(("issue", "wait", "compute")):
+                    share = 100 * cyc[:, j] / tot
+                    print(f"  {name:8s} % of loop cycles " + " ".join(
+                        f"p{q} {torch.quantile(share, q / 100).item():5.1f}"
+                        for q in (0, 10, 50, 90, 100)))
+                ghz = tot / (work[:, 2] - work[:, 1]).double()
+                print(f"  loop cycles / loop ns (SM clock, GHz): p50 "
+                      f"{torch.quantile(ghz, 0.5).item():.2f}")
             per_sm.append(_by_sm(work))
         _persistence(per_sm)
     finally:

@@ -114,6 +114,8 @@ n = cst.get("NQ", 64)
 assert f"wgmma.mma_async.sync.aligned.m64n{n}k16" in ck.asm["ptx"] and "cp.async" in ck.asm["ptx"]
 assert ("griddepcontrol.launch_dependents" in ck.asm["ptx"]) == (not one_pass)
 assert ("globaltimer" in ck.asm["ptx"]) == bool(stamps) == ("%smid" in ck.asm["ptx"])
+if not swap:  # decode_sm90 also counts its loop's cycles
+    assert ("%clock64" in ck.asm["ptx"]) == bool(stamps)
 assert ck.metadata.shared == smem, (ck.metadata.shared, smem)
 # two programs per SM (228 KB, 1 KB reserved per block) at D 128
 assert 2 * (ck.metadata.shared + 1024) <= 233472, ck.metadata.shared

@@ -57,7 +57,9 @@ ENV_SWAP = "PAGEDATTN_DECODE_GLUON_SWAP"
 # an int64 CUDA tensor of >= 4 entries per program makes the next launches write %globaltimer
 # stamps into it (scripts/decode_timeline.py); None: no stamps (the kernel has none compiled in)
 TIMELINE = None
-STAMPS = 5  # int64 per program in TIMELINE: 4 %globaltimer stamps (_stamp) and the SM id
+# int64 per program in TIMELINE: 4 %globaltimer stamps (_stamp), the SM id, and the loop's
+# %clock64 cycles spent issuing copies, waiting for tiles and computing (decode_sm90 only)
+STAMPS = 8
 _STAMPS = gl.constexpr(STAMPS)
 
 
@@ -184,6 +186,13 @@ def _stamp(tl_ptr, slot: gl.constexpr, x):
         sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [x], dtype=gl.int32,
                                        is_pure=False, pack=1)
         gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 4, sm.to(gl.int64))
+
+
+@gluon.jit
+def _clock(x):
+    """TIMELINE runs: the SM's %clock64."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [x], dtype=gl.int64,
+                                     is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -338,9 +347,15 @@ def decode_sm90(
     big_m = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_O)
     big_l = gl.zeros([_BLOCK_M], gl.float32, ROW_O)
     big_a = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
+    if TIMELINE:  # cycles issuing, waiting, computing
+        cyc_i = _clock(h) * 0
+        cyc_w = cyc_i
+        cyc_c = cyc_i
     for t in range(n_tiles):
         start = t_lo + t * BLOCK_N
         nx = start + (NS - 1) * BLOCK_N
+        if TIMELINE:
+            c0 = _clock(h)
         if EARLY:  # refill first: NS tiles in flight during the wait, one more barrier
             gl.thread_barrier()  # every warp done with tile t - 1's slot
             _issue(k_ring.index((t + NS - 1) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt,
@@ -349,6 +364,10 @@ def decode_sm90(
                    v_tok, r, dcol, PAGE, BLOCK_N)
             async_copy.commit_group()
             ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+            if TIMELINE:
+                c1 = _clock(h)
+                cyc_i += c1 - c0
+                c0 = c1
             async_copy.wait_group(NS - 1)  # tile t landed (this thread's copies)
             fence_async_shared()
             gl.thread_barrier()  # every thread's copies
@@ -364,6 +383,8 @@ def decode_sm90(
             ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)  # used one tile later
 
         if TIMELINE:
+            c1 = _clock(h)
+            cyc_w += c1 - c0
             if t == 0:
                 _stamp(tl_ptr, 1, h)
         sc = warpgroup_mma(q_smem, k_ring.index(t % NS).permute((1, 0)),
@@ -398,9 +419,15 @@ def decode_sm90(
                 m_i = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_S)
                 l_i = gl.zeros([_BLOCK_M], gl.float32, ROW_S)
                 o = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
+        if TIMELINE:
+            cyc_c += _clock(h) - c1
     async_copy.wait_group(0)  # no copy outlives the program
     if TIMELINE:
         _stamp(tl_ptr, 2, h)
+        pid = (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) + h
+        gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 5, cyc_i)
+        gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 6, cyc_w)
+        gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 7, cyc_c)
 
     if ONE_PASS:
         _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
