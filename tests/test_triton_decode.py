@@ -467,14 +467,16 @@ def test_decode_variant_knobs_reject_bad_values(monkeypatch):
         G.early()
     monkeypatch.delenv(G.ENV_EARLY)
     assert G.early()
-    monkeypatch.setenv(G.ENV_SWAP, "yes")
-    with pytest.raises(ValueError, match=G.ENV_SWAP):
-        G.swap(4, 64)
-    monkeypatch.setenv(G.ENV_SWAP, "1")
-    # more rows, or tiles under the wgmma's 64 M rows, keep decode_sm90
-    assert G.swap(32, 64) and G.swap(4, 128) and not G.swap(33, 64) and not G.swap(4, 32)
-    monkeypatch.delenv(G.ENV_SWAP)
-    assert not G.swap(4, 64)
+    monkeypatch.setenv(G.ENV_FORM, "fast")
+    with pytest.raises(ValueError, match=G.ENV_FORM):
+        G.form(4, 64)
+    for name in ("swap", "ws"):
+        monkeypatch.setenv(G.ENV_FORM, name)
+        # more rows, or tiles under the wgmma's 64 M rows, keep decode_sm90
+        assert G.form(32, 64) == G.form(4, 128) == name
+        assert G.form(33, 64) == G.form(4, 32) == "rows"
+    monkeypatch.delenv(G.ENV_FORM)
+    assert G.form(4, 64) == "rows"
 
 
 def test_decode_auto_variant_rule(monkeypatch):
@@ -577,15 +579,17 @@ GLUON_CASES = [  # dtype, layout, (Hq, Hkv), D, block, q_len, partition, lens
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
 @pytest.mark.parametrize("tile", ["", "32,3", "32,4", "64,3", "128,2", "16,4", "late",
-                                  "late-32,3", "swap", "swap-64,3", "swap-late-128,2"])
+                                  "late-32,3", "swap", "swap-64,3", "swap-late-128,2", "ws",
+                                  "ws-64,3", "ws-128,2"])
 def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
     """The Gluon kernel against the float64 oracle over dtypes, layouts, groups 1-64, D 64/128,
     blocks 1-256, speculative q_len, NaN-poisoned pages and table slack, every tile (knob);
     split (1 and several partitions per program) == one pass, bit for bit; it really ran."""
     qd, layout, (hq, hkv), d, bs, q_len, part, lens = GLUON_CASES[case]
-    knobs = tile.split("-")  # "late": refill after the wait; "swap": keys on the wgmma's M
+    knobs = tile.split("-")  # "late": refill after the wait; "swap", "ws": the kernel form
     monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_EARLY", "0" if "late" in knobs else "1")
-    monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_SWAP", "1" if "swap" in knobs else "0")
+    monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_FORM",
+                       "swap" if "swap" in knobs else "ws" if "ws" in knobs else "rows")
     tile = "".join(k for k in knobs if "," in k)
     if tile:
         monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_TILE", tile)

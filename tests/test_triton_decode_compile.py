@@ -103,10 +103,13 @@ cst = dict(G=group, R=group * lq, D=d, PAGE=page, PART=512, BLOCK_N=block_n, NS=
            EARLY=bool(early), PDL=not one_pass, TIMELINE=bool(stamps),
            num_warps=G.NUM_WARPS)
 kernel, smem = G.decode_sm90, G.smem_bytes(d, block_n, ns)
-if swap:  # keys on the wgmma's M side: N = the rows padded to a power of two >= 8
+if swap:  # keys on the wgmma's M side: N = the rows padded to a power of two >= 8; 2: ws
     from pagedattn.triton_kernels import _decode_gluon_swap as S
+    from pagedattn.triton_kernels import _decode_gluon_ws as W
     cst["NQ"] = S.rows_padded(group * lq)
     kernel, smem = S.decode_sm90_swap, S.smem_bytes(d, block_n, ns, group * lq)
+    if swap == 2:
+        kernel, smem = W.decode_sm90_ws, W.smem_bytes(d, block_n, ns, group * lq)
 ck = compile_sm90(kernel, cst, {"bt_ptr": "*i32", "lens_ptr": "*i32", "tl_ptr": "*i64",
                                 "lse_ptr": "*fp32", "ws_ml_ptr": "*fp32",
                                 "ws_o_ptr": "*fp32"}, G.NUM_WARPS)
@@ -116,7 +119,9 @@ assert ("griddepcontrol.launch_dependents" in ck.asm["ptx"]) == (not one_pass)
 assert ("globaltimer" in ck.asm["ptx"]) == bool(stamps) == ("%smid" in ck.asm["ptx"])
 if not swap:  # decode_sm90 also counts its loop's cycles
     assert ("%clock64" in ck.asm["ptx"]) == bool(stamps)
-assert ck.metadata.shared == smem, (ck.metadata.shared, smem)
+# the planner's count: exact, or for ws an upper bound within 256 bytes
+assert ck.metadata.shared == smem or swap == 2 and smem - 256 <= ck.metadata.shared <= smem, \
+    (ck.metadata.shared, smem)
 # two programs per SM (228 KB, 1 KB reserved per block) at D 128
 assert 2 * (ck.metadata.shared + 1024) <= 233472, ck.metadata.shared
 res = resource_usage(ck)
@@ -132,11 +137,12 @@ print("GLUON_DECODE_COMPILES_OK")
                                   "0,1,128,4,1,64,1,0,0", "1,0,64,64,1,1,1,0,0",
                                   "1,0,128,8,4,256,1,0,0", "0,0,128,1,1,16,0,0,0",
                                   "0,1,128,4,1,16,1,1,0", "1,0,128,4,1,16,1,0,1",
-                                  "0,1,128,8,4,256,0,1,1", "0,0,64,1,1,1,1,0,1"],
+                                  "0,1,128,8,4,256,0,1,1", "0,0,64,1,1,1,1,0,1",
+                                  "0,1,128,4,1,16,1,0,2", "1,0,128,8,4,256,1,1,2"],
                          ids=["one-pass", "split", "split-multi", "mqa-d64-page1",
                               "spec-decode-page256", "split-mha-late", "split-timeline",
                               "swap-one-pass", "swap-spec-decode-late-timeline",
-                              "swap-mha-d64-page1"])
+                              "swap-mha-d64-page1", "ws-split-multi", "ws-one-pass-spec-timeline"])
 def test_gluon_decode_compiles_for_sm90(form):
     """The Gluon decode kernel (triton 3.6 only: Gluon's API moves between releases) for sm_90:
     async wgmma and cp.async, the shared memory the launcher plans with, no spills."""

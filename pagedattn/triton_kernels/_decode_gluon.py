@@ -53,7 +53,7 @@ TILE = (64, 2)
 _ALIGN = 8  # elements: every row a cp.async reads starts on 16 bytes
 ENV_TILE = "PAGEDATTN_DECODE_GLUON_TILE"
 ENV_EARLY = "PAGEDATTN_DECODE_GLUON_EARLY"
-ENV_SWAP = "PAGEDATTN_DECODE_GLUON_SWAP"
+ENV_FORM = "PAGEDATTN_DECODE_GLUON_FORM"
 # an int64 CUDA tensor of >= 4 entries per program makes the next launches write %globaltimer
 # stamps into it (scripts/decode_timeline.py); None: no stamps (the kernel has none compiled in)
 TIMELINE = None
@@ -88,23 +88,35 @@ def early() -> bool:
     return raw == "1"
 
 
-def swap(rows: int, block_n: int) -> bool:
-    """``PAGEDATTN_DECODE_GLUON_SWAP`` (default 0; 1 for A/B runs): calls of <= 32 rows (group x
-    q_len) on tiles of a multiple of 64 tokens (the wgmma's M) run
-    ``_decode_gluon_swap.decode_sm90_swap`` (keys on the M side) instead. Depends on the model,
-    q_len and the tile, never on the batch."""
-    raw = os.environ.get(ENV_SWAP, "0")
-    if raw not in ("0", "1"):
-        raise ValueError(f"{ENV_SWAP}={raw!r}: expected 0 or 1")
-    return raw == "1" and rows <= 32 and block_n % 64 == 0  # _decode_gluon_swap.MAX_ROWS
+def form(rows: int, block_n: int) -> str:
+    """``PAGEDATTN_DECODE_GLUON_FORM`` (A/B runs): which Gluon kernel serves a call.
+
+    * ``rows`` (default): :func:`decode_sm90`, the rows padded to the wgmma's 64 M rows;
+    * ``swap``: ``_decode_gluon_swap.decode_sm90_swap``, keys on the M side;
+    * ``ws``: ``_decode_gluon_ws.decode_sm90_ws``, the swap's arithmetic with a producer
+      warpgroup issuing the copies.
+
+    ``swap`` and ``ws`` serve calls of <= 32 rows (group x q_len) on tiles of a multiple of 64
+    tokens; others keep ``rows``. Depends on the model, q_len and the tile, never on the batch.
+    """
+    raw = os.environ.get(ENV_FORM, "") or "rows"
+    if raw not in ("rows", "swap", "ws"):
+        raise ValueError(f"{ENV_FORM}={raw!r}: expected rows, swap or ws")
+    if rows > 32 or block_n % 64:  # _decode_gluon_swap.MAX_ROWS; wgmma M
+        return "rows"
+    return raw
 
 
 def smem_bytes(head_dim: int, block_n: int, ns: int, elem: int = 2, rows: int = BLOCK_M) -> int:
-    """Shared memory of one program: Q and the K and V rings (and P^T when :func:`swap`)."""
-    if swap(rows, block_n):
+    """Shared memory of one program of the :func:`form` that serves ``rows``."""
+    which = form(rows, block_n)
+    if which == "swap":
         from pagedattn.triton_kernels import _decode_gluon_swap as S
         return S.smem_bytes(head_dim, block_n, ns, rows, elem, NUM_WARPS)
-    return (BLOCK_M + 2 * ns * block_n) * head_dim * elem
+    if which == "ws":
+        from pagedattn.triton_kernels import _decode_gluon_ws as W
+        return W.smem_bytes(head_dim, block_n, ns, rows, elem)
+    return (BLOCK_M + 2 * ns * block_n) * head_dim * elem  # Q and the K and V rings
 
 
 def is_sm90(device) -> bool:
@@ -156,9 +168,14 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
         raise ValueError(f"_decode_gluon.TIMELINE: {stamps.numel()} int64 < {STAMPS} per "
                          "program")
     kernel, nq = decode_sm90, {}
-    if swap(rows, block_n):
+    which = form(rows, block_n)
+    if which != "rows":
         from pagedattn.triton_kernels import _decode_gluon_swap as S
-        kernel, nq = S.decode_sm90_swap, dict(NQ=S.rows_padded(rows))
+        from pagedattn.triton_kernels import _decode_gluon_ws as W
+        kernel = S.decode_sm90_swap if which == "swap" else W.decode_sm90_ws
+        nq = dict(NQ=S.rows_padded(rows))
+        if which == "ws":  # 128 registers at launch: two 8-warp programs per SM
+            nq["maxnreg"] = W.MAXNREG
     _replay.launch(
         rec, kernel, grid,
         q4, call.k_cache, call.v_cache, call.block_table, call.seq_lens, out4, lse, ws_ml, ws_o,

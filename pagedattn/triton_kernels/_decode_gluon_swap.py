@@ -1,4 +1,4 @@
-"""Paged decode for sm_90 in Gluon, keys on the wgmma's M side (``PAGEDATTN_DECODE_GLUON_SWAP``).
+"""Paged decode for sm_90 in Gluon, keys on the wgmma's M side (``GLUON_FORM=swap``).
 
 Why (bench/results/2026-12-01-h200-s14): ``_decode_gluon.decode_sm90`` pads the group's G * Lq
 query rows to the 64 rows of a wgmma. For G * Lq = 4 that is 16x the useful tensor work, and its

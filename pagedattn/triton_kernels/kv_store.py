@@ -79,8 +79,10 @@ def _store_kv_kernel(
                       stride_cvdl, BLOCK_D, False, V_LO_ONE)
     ck_ty = k_cache_ptr.dtype.element_ty
     cv_ty = v_cache_ptr.dtype.element_ty
-    tl.store(k_cache_ptr + k_off, _quantize(k, k_scale_ptr, h, FP8, FMAX, MBITS, EMIN, ck_ty), mask=mask)
-    tl.store(v_cache_ptr + v_off, _quantize(v, v_scale_ptr, h, FP8, FMAX, MBITS, EMIN, cv_ty), mask=mask)
+    tl.store(k_cache_ptr + k_off, _quantize(k, k_scale_ptr, h, FP8, FMAX, MBITS, EMIN, ck_ty),
+             mask=mask)
+    tl.store(v_cache_ptr + v_off, _quantize(v, v_scale_ptr, h, FP8, FMAX, MBITS, EMIN, cv_ty),
+             mask=mask)
 
 
 def unsupported(**_):
