@@ -9,7 +9,7 @@ TOP=${1:?out}; O=$TOP/r; mkdir -p $O
 PACK_DIR=$O
 . scripts/device_env.sh
 timeout -s INT 150 python3 -m pytest -q -p no:cacheprovider -rf --tb=short -n 8 -m gpu \
-  tests/test_triton_decode.py -k "gluon and (ws or swap or not 4)" 2>&1 \
+  tests/test_triton_decode.py -k "gluon and (ws or swap or default)" 2>&1 \
   | grep -v "PytestBenchmarkWarning\|warner(" | tee $O/gpu-tests.log | tail -12
 export PAGEDATTN_VALIDATE=0
 G=PAGEDATTN_DECODE_VARIANT=gluon,PAGEDATTN_DECODE_GLUON_FORM
