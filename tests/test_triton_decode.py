@@ -477,6 +477,16 @@ def test_decode_variant_knobs_reject_bad_values(monkeypatch):
         assert G.form(33, 64) == G.form(4, 32) == "rows"
     monkeypatch.delenv(G.ENV_FORM)
     assert G.form(4, 64) == "rows"
+    monkeypatch.setenv(G.ENV_PIPE, "on")
+    with pytest.raises(ValueError, match=G.ENV_PIPE):
+        G.pipe(3)
+    monkeypatch.setenv(G.ENV_PIPE, "1")
+    assert G.pipe(3) and not G.pipe(2)  # a slot for the P V in flight
+    monkeypatch.setenv(G.ENV_EARLY, "0")
+    assert not G.pipe(3)  # the pipelined loop is the EARLY one
+    monkeypatch.delenv(G.ENV_EARLY)
+    monkeypatch.delenv(G.ENV_PIPE)
+    assert not G.pipe(3)
 
 
 def test_decode_auto_variant_rule(monkeypatch):
@@ -580,7 +590,7 @@ GLUON_CASES = [  # dtype, layout, (Hq, Hkv), D, block, q_len, partition, lens
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
 @pytest.mark.parametrize("tile", ["", "32,3", "32,4", "64,3", "128,2", "16,4", "late",
                                   "late-32,3", "swap", "swap-64,3", "swap-late-128,2", "ws",
-                                  "ws-64,3", "ws-128,2"])
+                                  "ws-64,3", "ws-128,2", "pipe-64,3", "pipe-128,3"])
 def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
     """The Gluon kernel against the float64 oracle over dtypes, layouts, groups 1-64, D 64/128,
     blocks 1-256, speculative q_len, NaN-poisoned pages and table slack, every tile (knob);
@@ -590,6 +600,7 @@ def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
     monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_EARLY", "0" if "late" in knobs else "1")
     monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_FORM",
                        "swap" if "swap" in knobs else "ws" if "ws" in knobs else "rows")
+    monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_PIPE", "1" if "pipe" in knobs else "0")
     tile = "".join(k for k in knobs if "," in k)
     if tile:
         monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_TILE", tile)

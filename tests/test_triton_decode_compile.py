@@ -102,8 +102,13 @@ cst = dict(G=group, R=group * lq, D=d, PAGE=page, PART=512, BLOCK_N=block_n, NS=
            ONE_PASS=bool(one_pass), MULTI=bool(multi), CAUSAL=lq > 1, RETURN_LSE=True,
            EARLY=bool(early), PDL=not one_pass, TIMELINE=bool(stamps),
            num_warps=G.NUM_WARPS)
+if swap == 3:  # decode_sm90 with its P V wgmma in flight (PIPE: three ring slots)
+    cst.update(PIPE=True, NS=3)
+    ns = 3
+elif not swap:
+    cst["PIPE"] = False
 kernel, smem = G.decode_sm90, G.smem_bytes(d, block_n, ns)
-if swap:  # keys on the wgmma's M side: N = the rows padded to a power of two >= 8; 2: ws
+if swap in (1, 2):  # keys on the wgmma's M side: N = the rows padded to a power of two >= 8; 2: ws
     from pagedattn.triton_kernels import _decode_gluon_swap as S
     from pagedattn.triton_kernels import _decode_gluon_ws as W
     cst["NQ"] = S.rows_padded(group * lq)
@@ -114,10 +119,12 @@ ck = compile_sm90(kernel, cst, {"bt_ptr": "*i32", "lens_ptr": "*i32", "tl_ptr": 
                                 "lse_ptr": "*fp32", "ws_ml_ptr": "*fp32",
                                 "ws_o_ptr": "*fp32"}, G.NUM_WARPS)
 n = cst.get("NQ", 64)
+if swap == 3:
+    assert "wgmma.wait_group.sync.aligned 1;" in ck.asm["ptx"]  # S_t waited, P V in flight
 assert f"wgmma.mma_async.sync.aligned.m64n{n}k16" in ck.asm["ptx"] and "cp.async" in ck.asm["ptx"]
 assert ("griddepcontrol.launch_dependents" in ck.asm["ptx"]) == (not one_pass)
 assert ("globaltimer" in ck.asm["ptx"]) == bool(stamps) == ("%smid" in ck.asm["ptx"])
-if not swap:  # decode_sm90 also counts its loop's cycles
+if swap in (0, 3):  # decode_sm90 also counts its loop's cycles
     assert ("%clock64" in ck.asm["ptx"]) == bool(stamps)
 # the planner's count: exact, or for ws an upper bound within 256 bytes
 assert ck.metadata.shared == smem or swap == 2 and smem - 256 <= ck.metadata.shared <= smem, \
@@ -138,11 +145,13 @@ print("GLUON_DECODE_COMPILES_OK")
                                   "1,0,128,8,4,256,1,0,0", "0,0,128,1,1,16,0,0,0",
                                   "0,1,128,4,1,16,1,1,0", "1,0,128,4,1,16,1,0,1",
                                   "0,1,128,8,4,256,0,1,1", "0,0,64,1,1,1,1,0,1",
-                                  "0,1,128,4,1,16,1,0,2", "1,0,128,8,4,256,1,1,2"],
+                                  "0,1,128,4,1,16,1,0,2", "1,0,128,8,4,256,1,1,2",
+                                  "0,1,128,4,1,16,1,0,3", "1,0,128,8,4,256,1,1,3"],
                          ids=["one-pass", "split", "split-multi", "mqa-d64-page1",
                               "spec-decode-page256", "split-mha-late", "split-timeline",
                               "swap-one-pass", "swap-spec-decode-late-timeline",
-                              "swap-mha-d64-page1", "ws-split-multi", "ws-one-pass-spec-timeline"])
+                              "swap-mha-d64-page1", "ws-split-multi", "ws-one-pass-spec-timeline",
+                              "pipe-split-multi", "pipe-one-pass-spec-timeline"])
 def test_gluon_decode_compiles_for_sm90(form):
     """The Gluon decode kernel (triton 3.6 only: Gluon's API moves between releases) for sm_90:
     async wgmma and cp.async, the shared memory the launcher plans with, no spills."""

@@ -36,7 +36,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
-                                                              warpgroup_mma)
+                                                              warpgroup_mma, warpgroup_mma_wait)
 
 from pagedattn._triton import interpreter_enabled
 from pagedattn.triton_kernels import _replay
@@ -54,6 +54,7 @@ _ALIGN = 8  # elements: every row a cp.async reads starts on 16 bytes
 ENV_TILE = "PAGEDATTN_DECODE_GLUON_TILE"
 ENV_EARLY = "PAGEDATTN_DECODE_GLUON_EARLY"
 ENV_FORM = "PAGEDATTN_DECODE_GLUON_FORM"
+ENV_PIPE = "PAGEDATTN_DECODE_GLUON_PIPE"
 # an int64 CUDA tensor of >= 4 entries per program makes the next launches write %globaltimer
 # stamps into it (scripts/decode_timeline.py); None: no stamps (the kernel has none compiled in)
 TIMELINE = None
@@ -86,6 +87,17 @@ def early() -> bool:
     if raw not in ("0", "1"):
         raise ValueError(f"{ENV_EARLY}={raw!r}: expected 0 or 1")
     return raw == "1"
+
+
+def pipe(ns: int) -> bool:
+    """``PAGEDATTN_DECODE_GLUON_PIPE`` (default 0; 1 for A/B runs, with EARLY and >= 3 ring
+    slots): :func:`decode_sm90` leaves tile t's P V wgmma in flight under tile t + 1's refill,
+    tile wait and Q K wgmma, and keeps one ring slot for its V (one tile fewer ahead). Same
+    values (the same wgmmas, waited for later)."""
+    raw = os.environ.get(ENV_PIPE, "0")
+    if raw not in ("0", "1"):
+        raise ValueError(f"{ENV_PIPE}={raw!r}: expected 0 or 1")
+    return raw == "1" and ns >= 3 and early()
 
 
 def form(rows: int, block_n: int) -> str:
@@ -167,13 +179,13 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
     if stamps is not None and stamps.numel() < STAMPS * grid[0] * grid[1] * grid[2]:
         raise ValueError(f"_decode_gluon.TIMELINE: {stamps.numel()} int64 < {STAMPS} per "
                          "program")
-    kernel, nq = decode_sm90, {}
+    kernel, nq, pipe_kw = decode_sm90, {}, dict(PIPE=pipe(ns))
     which = form(rows, block_n)
     if which != "rows":
         from pagedattn.triton_kernels import _decode_gluon_swap as S
         from pagedattn.triton_kernels import _decode_gluon_ws as W
         kernel = S.decode_sm90_swap if which == "swap" else W.decode_sm90_ws
-        nq = dict(NQ=S.rows_padded(rows))
+        nq, pipe_kw = dict(NQ=S.rows_padded(rows)), {}
         if which == "ws":  # 128 registers at launch: two 8-warp programs per SM
             nq["maxnreg"] = W.MAXNREG
     _replay.launch(
@@ -185,7 +197,7 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
         out4.stride(2), call.block_table.stride(0), ks.block, ks.token, ks.head, vs.block,
         vs.token, vs.head, G=group, R=rows, D=d, PAGE=call.geom.block_size, PART=part,
         BLOCK_N=block_n, NS=ns, ONE_PASS=one_pass, MULTI=ppp > 1, CAUSAL=q4.shape[1] > 1,
-        RETURN_LSE=bool(call.return_lse), EARLY=early(), PDL=pdl,
+        RETURN_LSE=bool(call.return_lse), EARLY=early(), PDL=pdl, **pipe_kw,
         TIMELINE=stamps is not None, num_warps=NUM_WARPS, **nq)
 
 
@@ -278,9 +290,11 @@ def decode_sm90(
     G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PART: gl.constexpr,
     BLOCK_N: gl.constexpr, NS: gl.constexpr, ONE_PASS: gl.constexpr, MULTI: gl.constexpr,
     CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, EARLY: gl.constexpr, PDL: gl.constexpr,
-    TIMELINE: gl.constexpr, num_warps: gl.constexpr,
+    TIMELINE: gl.constexpr, PIPE: gl.constexpr, num_warps: gl.constexpr,
 ):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
+    # tiles issued ahead of the one computed; PIPE keeps one more slot for the P V in flight
+    LEAD: gl.constexpr = NS - 2 if PIPE else NS - 1
     TPC: gl.constexpr = D // 8  # threads per row of a 16-byte-per-thread copy
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [num_warps, 1], [1, 0])
     MMA_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -340,11 +354,11 @@ def decode_sm90(
     k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
     v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
 
-    # prologue: Q joins tile 0's group; tiles 1 .. NS-2 one group each. The extend kernel's Q
+    # prologue: Q joins tile 0's group; tiles 1 .. LEAD-1 one group each. The extend kernel's Q
     # rows with one query block of LQ tokens: row r = (token r // G, head h * G + r % G)
     _load_q(q_smem, q_ptr + s * stride_qb, 0, 0, LQ, h, stride_qt, stride_qh, dcol, G, G,
             _BLOCK_M, LD)
-    for i in gl.static_range(NS - 1):
+    for i in gl.static_range(LEAD):
         start = t_lo + i * BLOCK_N
         ids = _ids(bt_row, start, t_hi, r, PAGE, BLOCK_N)
         _issue(k_ring.index(i), kc_h, ids, start, t_hi, sb_k, stride_kt, k_tok, r, dcol,
@@ -352,7 +366,7 @@ def decode_sm90(
         _issue(v_ring.index(i), vc_h, ids, start, t_hi, sb_v, stride_vt, v_tok, r, dcol,
                PAGE, BLOCK_N)
         async_copy.commit_group()
-    ids_nx = _ids(bt_row, t_lo + (NS - 1) * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+    ids_nx = _ids(bt_row, t_lo + LEAD * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
 
     rows_s = gl.arange(0, _BLOCK_M, layout=ROW_S)
     pos = seq_len - LQ + rows_s // G  # [M] absolute query position of each row
@@ -364,20 +378,23 @@ def decode_sm90(
     big_m = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_O)
     big_l = gl.zeros([_BLOCK_M], gl.float32, ROW_O)
     big_a = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
+    if PIPE:  # P of the tile whose P V wgmma the next iteration issues (zeros: none pending)
+        p16 = gl.zeros([_BLOCK_M, BLOCK_N], dtype, P_OP)
+        pend = t_lo * 0  # 1: p16 holds tile t - 1's P
     if TIMELINE:  # cycles issuing, waiting, computing
         cyc_i = _clock(h) * 0
         cyc_w = cyc_i
         cyc_c = cyc_i
     for t in range(n_tiles):
         start = t_lo + t * BLOCK_N
-        nx = start + (NS - 1) * BLOCK_N
+        nx = start + LEAD * BLOCK_N
         if TIMELINE:
             c0 = _clock(h)
         if EARLY:  # refill first: NS tiles in flight during the wait, one more barrier
-            gl.thread_barrier()  # every warp done with tile t - 1's slot
-            _issue(k_ring.index((t + NS - 1) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt,
+            gl.thread_barrier()  # every warp done with the slot refilled (tile t - 1; PIPE t - 2)
+            _issue(k_ring.index((t + LEAD) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt,
                    k_tok, r, dcol, PAGE, BLOCK_N)
-            _issue(v_ring.index((t + NS - 1) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
+            _issue(v_ring.index((t + LEAD) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
                    v_tok, r, dcol, PAGE, BLOCK_N)
             async_copy.commit_group()
             ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
@@ -385,7 +402,7 @@ def decode_sm90(
                 c1 = _clock(h)
                 cyc_i += c1 - c0
                 c0 = c1
-            async_copy.wait_group(NS - 1)  # tile t landed (this thread's copies)
+            async_copy.wait_group(LEAD)  # tile t landed (this thread's copies)
             fence_async_shared()
             gl.thread_barrier()  # every thread's copies
         else:
@@ -405,7 +422,11 @@ def decode_sm90(
             if t == 0:
                 _stamp(tl_ptr, 1, h)
         sc = warpgroup_mma(q_smem, k_ring.index(t % NS).permute((1, 0)),
-                           gl.zeros([_BLOCK_M, BLOCK_N], gl.float32, MMA_S), use_acc=False)
+                           gl.zeros([_BLOCK_M, BLOCK_N], gl.float32, MMA_S), use_acc=False,
+                           is_async=PIPE)
+        if PIPE:  # tile t - 1's P V under S_t and the softmax (a zero P at a partition start)
+            o = warpgroup_mma(p16, v_ring.index((t - pend) % NS), o, is_async=True)
+            sc = warpgroup_mma_wait(1, deps=[sc])
         sc = sc * qk_scale
         if start + BLOCK_N > lim:
             j = start + cols
@@ -420,11 +441,21 @@ def decode_sm90(
         pr = gl.exp2(sc - m_safe[:, None])
         l_i = l_i * alpha + gl.sum(pr, 1)
         m_i = m_new
+        if PIPE:
+            o, p16 = warpgroup_mma_wait(0, deps=[o, p16])
         o = o * gl.convert_layout(alpha, ROW_O)[:, None]
-        o = warpgroup_mma(gl.convert_layout(pr.to(dtype), P_OP), v_ring.index(t % NS), o)
+        if PIPE:
+            p16 = gl.convert_layout(pr.to(dtype), P_OP)
+            pend = 1
+        else:
+            o = warpgroup_mma(gl.convert_layout(pr.to(dtype), P_OP), v_ring.index(t % NS), o)
 
         end = start + BLOCK_N
         if ((end % PART) == 0) | (end >= t_hi):  # this partition's last tile
+            if PIPE:  # the state needs tile t's P V now
+                o = warpgroup_mma(p16, v_ring.index(t % NS), o)
+                p16 = gl.zeros([_BLOCK_M, BLOCK_N], dtype, P_OP)
+                pend = 0
             if ONE_PASS:
                 big_m, big_l, big_a = _fold(big_m, big_l, big_a, m_i, l_i, o, ROW_O)
                 m_i = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_S)
