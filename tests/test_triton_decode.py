@@ -6,6 +6,7 @@ Both launch shapes (one-pass and split-KV + combine) are forced through
 """
 import importlib
 import random
+import types
 
 import pytest
 import torch
@@ -260,6 +261,21 @@ def test_parts_per_program_rejects_bad_values(device, monkeypatch):
     assert PD._parts_per_program(64, 8, 48 * 1024, 4, torch.device("cpu")) == 1
 
 
+def test_parts_per_program_counts_registers(monkeypatch):
+    """The split planner bounds programs per SM by shared memory, warps and, when a form gives
+    them, registers: (8, 8192) 32/8 has 1024 partitions; 69 KB programs fit 3 per SM by shared
+    memory (396 slots: 3 partitions each) but 8 warps at 128 registers only 2 (264: 4 each).
+    Host-only: the device properties are stubbed."""
+    props = types.SimpleNamespace(multi_processor_count=132,
+                                  shared_memory_per_multiprocessor=228 * 1024)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.delenv("PAGEDATTN_DECODE_PPP", raising=False)
+    cuda = torch.device("cuda", 0)
+    assert PD._parts_per_program(1024, 16, 69 * 1024, 8, cuda) == 3
+    assert PD._parts_per_program(1024, 16, 69 * 1024, 8, cuda, regs=128) == 4
+    assert PD._parts_per_program(1024, 16, 69 * 1024, 4, cuda, regs=148) == 3
+
+
 def test_out_buffer_fused_qkv_noncontiguous_cache(device, mode_guard):
     """out= is written in place; q is a strided slice of a fused qkv tensor; the cache is a
     non-contiguous view (make_paged_batch(contiguous=False))."""
@@ -475,6 +491,9 @@ def test_decode_variant_knobs_reject_bad_values(monkeypatch):
         # more rows, or tiles under the wgmma's 64 M rows, keep decode_sm90
         assert G.form(32, 64) == G.form(4, 128) == name
         assert G.form(33, 64) == G.form(4, 32) == "rows"
+    assert G.occupancy(4, 64) == (8, 128)  # ws: a producer warpgroup, 128 registers at launch
+    monkeypatch.setenv(G.ENV_FORM, "swap")
+    assert G.occupancy(4, 64) == (4, None)
     monkeypatch.delenv(G.ENV_FORM)
     assert G.form(4, 64) == "rows"
     monkeypatch.setenv(G.ENV_PIPE, "on")

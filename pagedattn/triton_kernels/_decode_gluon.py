@@ -119,6 +119,15 @@ def form(rows: int, block_n: int) -> str:
     return raw
 
 
+def occupancy(rows: int, block_n: int) -> tuple:
+    """(warps, registers per thread at launch or None) of one program of the :func:`form` that
+    serves ``rows``: what the split planner needs besides shared memory."""
+    if form(rows, block_n) == "ws":
+        from pagedattn.triton_kernels import _decode_gluon_ws as W
+        return NUM_WARPS + W.P_WARPS.value, W.MAXNREG
+    return NUM_WARPS, None
+
+
 def smem_bytes(head_dim: int, block_n: int, ns: int, elem: int = 2, rows: int = BLOCK_M) -> int:
     """Shared memory of one program of the :func:`form` that serves ``rows``."""
     which = form(rows, block_n)

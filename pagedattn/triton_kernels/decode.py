@@ -192,14 +192,15 @@ def unsupported(q=None, k_cache=None, geom=None, **_):
     return why
 
 
-def _parts_per_program(programs, n_part_max, smem, warps, device):
+def _parts_per_program(programs, n_part_max, smem, warps, device, regs=None):
     """Partitions per split program (PAGEDATTN_DECODE_PPP: an integer, or ``auto``, the default).
 
     ``auto``: as few as keep the split grid within one wave of resident programs (``smem``: one
-    program's shared memory; warps per SM); the outputs are the same bits for any value, since each
-    partition's state and the combine's order do not change. H200 A/B of 2026-11-30
-    (bench/results/2026-11-30-h200-s4/ppp_sweep.log): (8, 8192) 32/8 84.9 -> 72.9 us, (1, 32768)
-    and (1, 4096) unchanged (one wave already).
+    program's shared memory; its warps; ``regs``: its registers per thread at launch, when they
+    and not shared memory may bound the programs per SM); the outputs are the same bits for any
+    value, since each partition's state and the combine's order do not change. H200 A/B of
+    2026-11-30 (bench/results/2026-11-30-h200-s4/ppp_sweep.log): (8, 8192) 32/8 84.9 -> 72.9 us,
+    (1, 32768) and (1, 4096) unchanged (one wave already).
     """
     ppp = _dispatch.count_or_auto(os.environ.get("PAGEDATTN_DECODE_PPP", "auto"),
                                   "PAGEDATTN_DECODE_PPP")
@@ -209,7 +210,10 @@ def _parts_per_program(programs, n_part_max, smem, warps, device):
         return 1
     props = torch.cuda.get_device_properties(device)
     limit = getattr(props, "shared_memory_per_multiprocessor", 0) or 228 * 1024
-    per_sm = max(1, min(limit // max(smem, 1), 64 // warps))
+    per_sm = min(limit // max(smem, 1), 64 // warps)
+    if regs:
+        per_sm = min(per_sm, 65536 // (regs * 32 * warps))
+    per_sm = max(1, per_sm)
     slots = props.multi_processor_count * per_sm
     return min(n_part_max, max(1, -(-programs // slots)))
 
@@ -327,14 +331,14 @@ def run(call):
     # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
     gk, g_tile = _gluon(call, ks, vs, rows, part, dev)
     if gk is not None:
-        smem, warps = gk.smem_bytes(d, *g_tile, rows=rows), gk.NUM_WARPS
+        smem, (warps, regs) = gk.smem_bytes(d, *g_tile, rows=rows), gk.occupancy(rows, g_tile[0])
     else:
         smem = (num_stages * block_n * block_d * 2 * call.k_cache.element_size()
                 + block_m * block_d * 2)
-        warps = num_warps
+        warps, regs = num_warps, None
     ppp = 1
     if mode == "split" and n_part_max > 1:
-        ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev)
+        ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs)
     grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
     pdl = mode == "split" and n_part_max > 1 and _pdl(dev)
     if gk is not None:
