@@ -1,7 +1,7 @@
 """Paged decode for sm_90 in Gluon, keys on the wgmma's M side (``GLUON_FORM=swap``).
 
-Why (bench/results/2026-12-01-h200-s14): ``_decode_gluon.decode_sm90`` pads the group's G * Lq
-query rows to the 64 rows of a wgmma. For G * Lq = 4 that is 16x the useful tensor work, and its
+Why (bench/results/2026-12-01-h200-s14): ``_decode_gluon_kernel.decode_sm90`` pads the group's
+G * Lq query rows to the 64 rows of a wgmma. For G * Lq = 4 that is 16x the useful tensor work, and its
 softmax runs over a 64 x 64 tile: one warpgroup needs ~1.1 us per 64-token tile, so a program
 cannot speed up when others finish (the (1, 32768) tail) and a lone program per SM is slower
 than two. Here the products are transposed so the wide side is the keys:
@@ -22,7 +22,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
                                                               warpgroup_mma)
 
-from pagedattn.triton_kernels._decode_gluon import _stamp
+from pagedattn.triton_kernels._decode_gluon_kernel import _stamp
 from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
 
 _LN2 = gl.constexpr(0.6931471805599453)
@@ -78,7 +78,7 @@ def _park_t(ws_ml_ptr, ws_o_ptr, row0, m, l, acc, R: gl.constexpr, D: gl.constex
 def _finish_t(out_ptr, lse_ptr, s, h, m, l, acc, Hq, LQ, stride_ob, stride_ot, stride_oh,
               G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, RETURN_LSE: gl.constexpr,
               ROW_O: gl.constexpr, COL_O: gl.constexpr):
-    """``_decode_gluon._finish`` on a transposed state: normalise, store out (and lse)."""
+    """``_decode_gluon_kernel._finish`` on a transposed state: normalise, store out (and lse)."""
     m_safe = gl.where(m == float("-inf"), 0.0, m)
     one = gl.full(m.shape, 1.0, gl.float32, COL_O)
     inv = gl.where(l > 0, one / gl.where(l > 0, l, 1.0), 0.0)

@@ -9,7 +9,7 @@ than ~30 GB/s when the others finish (the (1, 32768) tail), while a bare cp.asyn
 runs ``_decode_gluon_swap``'s tile arithmetic (keys on the wgmma's M side) and frees each slot
 on its ``empty`` barrier: issue and compute overlap.
 
-Same grid, partitions, workspace, fold and combine as ``_decode_gluon.decode_sm90``; the same
+Same grid, partitions, workspace, fold and combine as ``_decode_gluon_kernel.decode_sm90``; the same
 tile arithmetic as ``decode_sm90_swap`` (one-pass and split launches are bitwise equal).
 """
 from triton.experimental import gluon
@@ -17,7 +17,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
                                                               mbarrier, warpgroup_mma)
 
-from pagedattn.triton_kernels._decode_gluon import _stamp
+from pagedattn.triton_kernels._decode_gluon_kernel import _stamp
 from pagedattn.triton_kernels._decode_gluon_swap import _finish_t, _fold_t, _park_t
 from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
 

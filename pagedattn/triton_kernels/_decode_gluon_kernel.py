@@ -1,0 +1,313 @@
+"""The Gluon decode kernel for sm_90 (``decode_sm90``) and the helpers its forms share.
+
+The design, the gate and the launcher are in ``_decode_gluon.py``.
+
+Pipeline (NS ring slots, one cp.async group per tile {K_t, V_t}):
+
+  iteration t: wait tile t | fence, barrier | issue tile t + NS - 1 into the slot of tile t - 1 |
+               S = Q K_t^T | softmax | O = O alpha + P V_t | partition end: fold or park
+  EARLY (the default): barrier | issue tile t + NS - 1 | wait tile t | fence, barrier | ...
+  PIPE: tile t - 1's P V wgmma runs under S_t and tile t's softmax; NS - 2 tiles ahead
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+
+from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
+
+_LN2 = gl.constexpr(0.6931471805599453)
+BLOCK_M = 64  # one warpgroup's wgmma rows
+_BLOCK_M = gl.constexpr(BLOCK_M)  # jit code reads globals only as constexpr
+NUM_WARPS = 4
+# int64 per program in _decode_gluon.TIMELINE: 4 %globaltimer stamps (_stamp), the SM id, and
+# the loop's %clock64 cycles spent issuing copies, waiting for tiles and computing (decode_sm90)
+STAMPS = 8
+_STAMPS = gl.constexpr(STAMPS)
+
+
+@gluon.jit
+def _stamp(tl_ptr, slot: gl.constexpr, x):
+    """TIMELINE runs: %globaltimer (ns) into tl_ptr[program, slot] (slots: 0 start, 1 first
+    tile landed, 2 loop done, 3 exit); at slot 0 also %smid into slot 4 (which SM ran the
+    program); x: any int32 scalar (the asm needs an operand)."""
+    ns = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=gl.int64,
+                                   is_pure=False, pack=1)
+    pid = (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) \
+        + gl.program_id(0)
+    gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + slot, ns)
+    if slot == 0:
+        sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [x], dtype=gl.int32,
+                                       is_pure=False, pack=1)
+        gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 4, sm.to(gl.int64))
+
+
+@gluon.jit
+def _clock(x):
+    """TIMELINE runs: the SM's %clock64."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [x], dtype=gl.int64,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def _fold(big_m, big_l, big_a, m_p, l_p, acc_p, ROW_O: gl.constexpr):
+    """``_decode_kernels._merge`` (the same operations, the same FMAs): fold one partition's
+    state into the running one. m_p, l_p arrive in the S row layout."""
+    m_p = gl.convert_layout(m_p, ROW_O)
+    l_p = gl.convert_layout(l_p, ROW_O)
+    m_new = gl.maximum(big_m, m_p)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    a = gl.exp2(big_m - m_safe)
+    b = gl.exp2(m_p - m_safe)
+    big_l = gl.fma(l_p, b, big_l * a)
+    big_a = gl.fma(acc_p, b[:, None], big_a * a[:, None])
+    return m_new, big_l, big_a
+
+
+@gluon.jit
+def _park(ws_ml_ptr, ws_o_ptr, row0, m, l, acc, R: gl.constexpr, D: gl.constexpr,
+          ROW_S: gl.constexpr, ROW_O: gl.constexpr, COL_O: gl.constexpr):
+    """Store one partition's state for the combine at workspace rows row0 + [0, R)."""
+    rs = gl.arange(0, acc.shape[0], layout=ROW_S)
+    gl.store(ws_ml_ptr + 2 * (row0 + rs), m, mask=rs < R)
+    gl.store(ws_ml_ptr + 2 * (row0 + rs) + 1, l, mask=rs < R)
+    ro = gl.arange(0, acc.shape[0], layout=ROW_O)
+    do = gl.arange(0, D, layout=COL_O)
+    gl.store(ws_o_ptr + ((row0 + ro)[:, None] * D + do[None, :]), acc, mask=(ro < R)[:, None])
+
+
+@gluon.jit
+def _finish(out_ptr, lse_ptr, s, h, m, l, acc, Hq, LQ, stride_ob, stride_ot, stride_oh,
+            G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, RETURN_LSE: gl.constexpr,
+            ROW_O: gl.constexpr, COL_O: gl.constexpr):
+    """``_common.finalize_state`` (no sinks) and ``_decode_kernels._store_rows``: normalise,
+    store out (and the natural-log lse) of rows [0, R)."""
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    r = gl.full(m.shape, 1.0, gl.float32, ROW_O)
+    inv = gl.where(l > 0, r / gl.where(l > 0, l, 1.0), 0.0)
+    o = acc * inv[:, None]
+    ro = gl.arange(0, acc.shape[0], layout=ROW_O)
+    qi = ro // G
+    qh = h * G + ro % G
+    ok = ro < R
+    do = gl.arange(0, D, layout=COL_O)
+    o_off = s * stride_ob + qi.to(gl.int64) * stride_ot + qh.to(gl.int64) * stride_oh
+    gl.store(out_ptr + (o_off[:, None] + do[None, :]), o.to(out_ptr.dtype.element_ty),
+             mask=ok[:, None])
+    if RETURN_LSE:
+        lse2 = gl.where(l > 0, m_safe + gl.log2(gl.where(l > 0, l, 1.0)), float("-inf"))
+        gl.store(lse_ptr + ((s * LQ + qi) * Hq + qh), lse2 * _LN2, mask=ok)
+
+
+@gluon.jit
+def decode_sm90(
+    q_ptr,  # [B, LQ, Hq, D] (strides)
+    kc_ptr, vc_ptr,  # paged caches, head dim contiguous (bhsd, bshd)
+    bt_ptr, lens_ptr,  # int32 block table [B, W], seq_lens [B]
+    out_ptr,  # [B, LQ, Hq, D]
+    lse_ptr,  # float32 [B, LQ, Hq]
+    ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
+    tl_ptr,  # int64 [programs, STAMPS]: TIMELINE stamps (else any pointer, never touched)
+    qk_scale,  # sm_scale * log2(e)
+    LQ, Hq, P, PPP,
+    stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_bt,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PART: gl.constexpr,
+    BLOCK_N: gl.constexpr, NS: gl.constexpr, ONE_PASS: gl.constexpr, MULTI: gl.constexpr,
+    CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, EARLY: gl.constexpr, PDL: gl.constexpr,
+    TIMELINE: gl.constexpr, PIPE: gl.constexpr, num_warps: gl.constexpr,
+):
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    # tiles issued ahead of the one computed; PIPE keeps one more slot for the P V in flight
+    LEAD: gl.constexpr = NS - 2 if PIPE else NS - 1
+    TPC: gl.constexpr = D // 8  # threads per row of a 16-byte-per-thread copy
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [num_warps, 1], [1, 0])
+    MMA_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                    instr_shape=[16, BLOCK_N, 16])
+    MMA_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                    instr_shape=[16, D, 16])
+    P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_O, k_width=2)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, MMA_S)
+    COL_S: gl.constexpr = gl.SliceLayout(0, MMA_S)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
+    COL_O: gl.constexpr = gl.SliceLayout(0, MMA_O)
+    KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
+    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_BLOCK_M, D], dtype)
+
+    # grid: (Hkv, B, P) split, (Hkv, B, cdiv(P, PPP)) split with MULTI, (Hkv, B, 1) one pass
+    h = gl.program_id(0)
+    if TIMELINE:
+        _stamp(tl_ptr, 0, h)
+    if PDL:  # the combine launch may start now; it waits for this grid before reading
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n mov.u32 $0, $1;", "=r,r",
+                                  [h], dtype=gl.int32, is_pure=False, pack=1)
+    s = gl.program_id(1).to(gl.int64)
+    seq_len = gl.load(lens_ptr + s)
+    n_parts = gl.maximum((seq_len + PART - 1) // PART, 1)
+    if ONE_PASS:
+        p = 0
+        t_lo = 0
+        t_hi = seq_len
+    elif MULTI:
+        p = gl.program_id(2) * PPP
+        t_lo = p * PART
+        t_hi = gl.minimum((p + PPP) * PART, seq_len)
+    else:
+        p = gl.program_id(2)
+        t_lo = p * PART
+        t_hi = gl.minimum(p * PART + PART, seq_len)
+    if p >= n_parts:  # split: past the sequence's last partition
+        if TIMELINE:
+            _stamp(tl_ptr, 3, h)
+        return
+    n_tiles = gl.cdiv(t_hi - t_lo, BLOCK_N)
+    lim = t_hi  # tiles ending past lim hold a key some row cannot see
+    if CAUSAL:
+        lim = gl.minimum(t_hi, seq_len - LQ + 1)
+
+    bt_row = bt_ptr + s * stride_bt
+    kc_h = kc_ptr + h.to(gl.int64) * stride_kh
+    vc_h = vc_ptr + h.to(gl.int64) * stride_vh
+    sb_k = stride_kb.to(gl.uint32).to(gl.int64)
+    sb_v = stride_vb.to(gl.uint32).to(gl.int64)
+    dcol = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
+    r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))  # key row within a tile
+    TPP: gl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N  # tile rows per page
+    k_tok = (r % TPP) * stride_kt  # loop-invariant token terms (int32: within one page)
+    v_tok = (r % TPP) * stride_vt
+    q_smem = gl.allocate_shared_memory(dtype, [_BLOCK_M, D], Q_SMEM)
+    k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
+    v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
+
+    # prologue: Q joins tile 0's group; tiles 1 .. LEAD-1 one group each. The extend kernel's Q
+    # rows with one query block of LQ tokens: row r = (token r // G, head h * G + r % G)
+    _load_q(q_smem, q_ptr + s * stride_qb, 0, 0, LQ, h, stride_qt, stride_qh, dcol, G, G,
+            _BLOCK_M, LD)
+    for i in gl.static_range(LEAD):
+        start = t_lo + i * BLOCK_N
+        ids = _ids(bt_row, start, t_hi, r, PAGE, BLOCK_N)
+        _issue(k_ring.index(i), kc_h, ids, start, t_hi, sb_k, stride_kt, k_tok, r, dcol,
+               PAGE, BLOCK_N)
+        _issue(v_ring.index(i), vc_h, ids, start, t_hi, sb_v, stride_vt, v_tok, r, dcol,
+               PAGE, BLOCK_N)
+        async_copy.commit_group()
+    ids_nx = _ids(bt_row, t_lo + LEAD * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+
+    rows_s = gl.arange(0, _BLOCK_M, layout=ROW_S)
+    pos = seq_len - LQ + rows_s // G  # [M] absolute query position of each row
+    cols = gl.arange(0, BLOCK_N, layout=COL_S)
+    ws_row0 = (s * gl.num_programs(0) + h) * P * R  # int64: (s, h, partition 0, row 0)
+    m_i = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_S)
+    l_i = gl.zeros([_BLOCK_M], gl.float32, ROW_S)
+    o = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
+    big_m = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_O)
+    big_l = gl.zeros([_BLOCK_M], gl.float32, ROW_O)
+    big_a = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
+    if PIPE:  # P of the tile whose P V wgmma the next iteration issues (zeros: none pending)
+        p16 = gl.zeros([_BLOCK_M, BLOCK_N], dtype, P_OP)
+        pend = t_lo * 0  # 1: p16 holds tile t - 1's P
+    if TIMELINE:  # cycles issuing, waiting, computing
+        cyc_i = _clock(h) * 0
+        cyc_w = cyc_i
+        cyc_c = cyc_i
+    for t in range(n_tiles):
+        start = t_lo + t * BLOCK_N
+        nx = start + LEAD * BLOCK_N
+        if TIMELINE:
+            c0 = _clock(h)
+        if EARLY:  # refill first: NS tiles in flight during the wait, one more barrier
+            gl.thread_barrier()  # every warp done with the slot refilled (tile t - 1; PIPE t - 2)
+            _issue(k_ring.index((t + LEAD) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt,
+                   k_tok, r, dcol, PAGE, BLOCK_N)
+            _issue(v_ring.index((t + LEAD) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
+                   v_tok, r, dcol, PAGE, BLOCK_N)
+            async_copy.commit_group()
+            ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+            if TIMELINE:
+                c1 = _clock(h)
+                cyc_i += c1 - c0
+                c0 = c1
+            async_copy.wait_group(LEAD)  # tile t landed (this thread's copies)
+            fence_async_shared()
+            gl.thread_barrier()  # every thread's copies
+        else:
+            async_copy.wait_group(NS - 2)  # tile t landed (this thread's copies)
+            fence_async_shared()
+            gl.thread_barrier()  # every thread's copies; every warp done with tile t - 1's slot
+            _issue(k_ring.index((t + NS - 1) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt,
+                   k_tok, r, dcol, PAGE, BLOCK_N)
+            _issue(v_ring.index((t + NS - 1) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
+                   v_tok, r, dcol, PAGE, BLOCK_N)
+            async_copy.commit_group()
+            ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)  # used one tile later
+
+        if TIMELINE:
+            c1 = _clock(h)
+            cyc_w += c1 - c0
+            if t == 0:
+                _stamp(tl_ptr, 1, h)
+        sc = warpgroup_mma(q_smem, k_ring.index(t % NS).permute((1, 0)),
+                           gl.zeros([_BLOCK_M, BLOCK_N], gl.float32, MMA_S), use_acc=False,
+                           is_async=PIPE)
+        if PIPE:  # tile t - 1's P V under S_t and the softmax (a zero P at a partition start)
+            o = warpgroup_mma(p16, v_ring.index((t - pend) % NS), o, is_async=True)
+            sc = warpgroup_mma_wait(1, deps=[sc])
+        sc = sc * qk_scale
+        if start + BLOCK_N > lim:
+            j = start + cols
+            vis = (j < t_hi)[None, :]
+            if CAUSAL:
+                vis = vis & (j[None, :] <= pos[:, None])
+            sc = gl.where(vis, sc, float("-inf"))
+        # _common.online_softmax_step
+        m_new = gl.maximum(m_i, gl.max(sc, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        pr = gl.exp2(sc - m_safe[:, None])
+        l_i = l_i * alpha + gl.sum(pr, 1)
+        m_i = m_new
+        if PIPE:
+            o, p16 = warpgroup_mma_wait(0, deps=[o, p16])
+        o = o * gl.convert_layout(alpha, ROW_O)[:, None]
+        if PIPE:
+            p16 = gl.convert_layout(pr.to(dtype), P_OP)
+            pend = 1
+        else:
+            o = warpgroup_mma(gl.convert_layout(pr.to(dtype), P_OP), v_ring.index(t % NS), o)
+
+        end = start + BLOCK_N
+        if ((end % PART) == 0) | (end >= t_hi):  # this partition's last tile
+            if PIPE:  # the state needs tile t's P V now
+                o = warpgroup_mma(p16, v_ring.index(t % NS), o)
+                p16 = gl.zeros([_BLOCK_M, BLOCK_N], dtype, P_OP)
+                pend = 0
+            if ONE_PASS:
+                big_m, big_l, big_a = _fold(big_m, big_l, big_a, m_i, l_i, o, ROW_O)
+                m_i = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_S)
+                l_i = gl.zeros([_BLOCK_M], gl.float32, ROW_S)
+                o = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
+            elif n_parts > 1:  # a single-partition sequence is finished below
+                _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R, m_i, l_i, o, R, D,
+                      ROW_S, ROW_O, COL_O)
+                m_i = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_S)
+                l_i = gl.zeros([_BLOCK_M], gl.float32, ROW_S)
+                o = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
+        if TIMELINE:
+            cyc_c += _clock(h) - c1
+    async_copy.wait_group(0)  # no copy outlives the program
+    if TIMELINE:
+        _stamp(tl_ptr, 2, h)
+        pid = (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) + h
+        gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 5, cyc_i)
+        gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 6, cyc_w)
+        gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 7, cyc_c)
+
+    if ONE_PASS:
+        _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
+                stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
+    elif n_parts == 1:  # the state one pass would hold: one fold into the empty state
+        big_m, big_l, big_a = _fold(big_m, big_l, big_a, m_i, l_i, o, ROW_O)
+        _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
+                stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
+    if TIMELINE:
+        _stamp(tl_ptr, 3, h)
