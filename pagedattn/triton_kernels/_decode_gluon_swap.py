@@ -1,10 +1,9 @@
 """Paged decode for sm_90 in Gluon, keys on the wgmma's M side (``GLUON_FORM=swap``).
 
-Why (bench/results/2026-12-01-h200-s14): ``_decode_gluon_kernel.decode_sm90`` pads the group's
-G * Lq query rows to the 64 rows of a wgmma. For G * Lq = 4 that is 16x the useful tensor work, and its
-softmax runs over a 64 x 64 tile: one warpgroup needs ~1.1 us per 64-token tile, so a program
-cannot speed up when others finish (the (1, 32768) tail) and a lone program per SM is slower
-than two. Here the products are transposed so the wide side is the keys:
+Why (bench/results/2026-12-01-h200-s14): ``_decode_gluon_kernel.decode_sm90`` pads the
+group's G * Lq query rows to the 64 rows of a wgmma; for G * Lq = 4 that is 16x the useful
+tensor work and a 64 x 64 softmax per tile. Here the products are transposed so the wide side
+is the keys:
 
   S^T [BLOCK_N, NQ] = K_t [BLOCK_N, D] . Q^T [D, NQ]      (A: the K ring slot, B: Q in smem)
   O^T [D, NQ]      += V_t^T [D, BLOCK_N] . P^T [BLOCK_N, NQ]  (A: the V slot, transposed view)
@@ -16,6 +15,10 @@ compiler's shared-memory reduction) and P^T goes through a small shared tile (wg
 Same grid, partitions, workspace, fold and combine as ``decode_sm90`` (see there); bits differ
 from it (another tile arithmetic), so the knob never changes with the batch: one-pass and split
 launches of this kernel are bitwise equal to each other.
+
+Measured (H200, session 14, ab_swap_5a2a7aa.md): 0.87-1.03x ``decode_sm90``; a lone program is
+no faster (~35 us per 1 MB loop): its two wgmma chains have as many dependent steps as before.
+An A/B form (``PAGEDATTN_DECODE_GLUON_FORM=swap``), not a default.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
