@@ -96,38 +96,39 @@ import re, sys
 from gluon_offline import compile_sm90, resource_usage
 from pagedattn.triton_kernels import _decode_gluon as G
 
-one_pass, multi, d, group, lq, page, early, stamps, swap = (int(x) for x in sys.argv[1:10])
+one_pass, multi, d, group, lq, page, early, stamps, form = (int(x) for x in sys.argv[1:10])
+ROWS, SWAP, WS, PIPE = range(4)  # form: decode_sm90, decode_sm90_swap, decode_sm90_ws, PIPE
 block_n, ns = G.TILE
 cst = dict(G=group, R=group * lq, D=d, PAGE=page, PART=512, BLOCK_N=block_n, NS=ns,
            ONE_PASS=bool(one_pass), MULTI=bool(multi), CAUSAL=lq > 1, RETURN_LSE=True,
            EARLY=bool(early), PDL=not one_pass, TIMELINE=bool(stamps),
            num_warps=G.NUM_WARPS)
-if swap == 3:  # decode_sm90 with its P V wgmma in flight (PIPE: three ring slots)
+if form == PIPE:  # decode_sm90 with its P V wgmma in flight (PIPE: three ring slots)
     cst.update(PIPE=True, NS=3)
     ns = 3
-elif not swap:
+elif form == ROWS:
     cst["PIPE"] = False
 kernel, smem = G.decode_sm90, G.smem_bytes(d, block_n, ns)
-if swap in (1, 2):  # keys on the wgmma's M side: N = the rows padded to a power of two >= 8; 2: ws
+if form in (SWAP, WS):  # keys on the wgmma's M side: N = the rows padded to a power of 2 >= 8
     from pagedattn.triton_kernels import _decode_gluon_swap as S
     from pagedattn.triton_kernels import _decode_gluon_ws as W
     cst["NQ"] = S.rows_padded(group * lq)
     kernel, smem = S.decode_sm90_swap, S.smem_bytes(d, block_n, ns, group * lq)
-    if swap == 2:
+    if form == WS:
         kernel, smem = W.decode_sm90_ws, W.smem_bytes(d, block_n, ns, group * lq)
 ck = compile_sm90(kernel, cst, {"bt_ptr": "*i32", "lens_ptr": "*i32", "tl_ptr": "*i64",
                                 "lse_ptr": "*fp32", "ws_ml_ptr": "*fp32",
                                 "ws_o_ptr": "*fp32"}, G.NUM_WARPS)
 n = cst.get("NQ", 64)
-if swap == 3:
+if form == PIPE:
     assert "wgmma.wait_group.sync.aligned 1;" in ck.asm["ptx"]  # S_t waited, P V in flight
 assert f"wgmma.mma_async.sync.aligned.m64n{n}k16" in ck.asm["ptx"] and "cp.async" in ck.asm["ptx"]
 assert ("griddepcontrol.launch_dependents" in ck.asm["ptx"]) == (not one_pass)
 assert ("globaltimer" in ck.asm["ptx"]) == bool(stamps) == ("%smid" in ck.asm["ptx"])
-if swap in (0, 3):  # decode_sm90 also counts its loop's cycles
+if form in (ROWS, PIPE):  # decode_sm90 also counts its loop's cycles
     assert ("%clock64" in ck.asm["ptx"]) == bool(stamps)
 # the planner's count: exact, or for ws an upper bound within 256 bytes
-assert ck.metadata.shared == smem or swap == 2 and smem - 256 <= ck.metadata.shared <= smem, \
+assert ck.metadata.shared == smem or form == WS and smem - 256 <= ck.metadata.shared <= smem, \
     (ck.metadata.shared, smem)
 # two programs per SM (228 KB, 1 KB reserved per block) at D 128
 assert 2 * (ck.metadata.shared + 1024) <= 233472, ck.metadata.shared

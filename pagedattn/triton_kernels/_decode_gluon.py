@@ -173,13 +173,13 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
     if stamps is not None and stamps.numel() < STAMPS * grid[0] * grid[1] * grid[2]:
         raise ValueError(f"_decode_gluon.TIMELINE: {stamps.numel()} int64 < {STAMPS} per "
                          "program")
-    kernel, nq, pipe_kw = decode_sm90, {}, dict(PIPE=pipe(ns))
-    which = form(rows, block_n)
-    if which != "rows":
-        kernel = S.decode_sm90_swap if which == "swap" else W.decode_sm90_ws
-        nq, pipe_kw = dict(NQ=S.rows_padded(rows)), {}
-        if which == "ws":  # 128 registers at launch: two 8-warp programs per SM
-            nq["maxnreg"] = W.MAXNREG
+    which = form(rows, block_n)  # the form's own constexprs and launch options
+    if which == "rows":
+        kernel, extra = decode_sm90, dict(PIPE=pipe(ns))
+    elif which == "swap":
+        kernel, extra = S.decode_sm90_swap, dict(NQ=S.rows_padded(rows))
+    else:  # ws: 128 registers at launch, two 8-warp programs per SM
+        kernel, extra = W.decode_sm90_ws, dict(NQ=S.rows_padded(rows), maxnreg=W.MAXNREG)
     _replay.launch(
         rec, kernel, grid,
         q4, call.k_cache, call.v_cache, call.block_table, call.seq_lens, out4, lse, ws_ml, ws_o,
@@ -189,5 +189,5 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
         out4.stride(2), call.block_table.stride(0), ks.block, ks.token, ks.head, vs.block,
         vs.token, vs.head, G=group, R=rows, D=d, PAGE=call.geom.block_size, PART=part,
         BLOCK_N=block_n, NS=ns, ONE_PASS=one_pass, MULTI=ppp > 1, CAUSAL=q4.shape[1] > 1,
-        RETURN_LSE=bool(call.return_lse), EARLY=early(), PDL=pdl, **pipe_kw,
-        TIMELINE=stamps is not None, num_warps=NUM_WARPS, **nq)
+        RETURN_LSE=bool(call.return_lse), EARLY=early(), PDL=pdl,
+        TIMELINE=stamps is not None, num_warps=NUM_WARPS, **extra)

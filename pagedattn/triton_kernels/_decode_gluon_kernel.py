@@ -50,6 +50,37 @@ def _clock(x):
 
 
 @gluon.jit
+def _program(tl_ptr, lens_ptr, PPP, PART: gl.constexpr, ONE_PASS: gl.constexpr,
+             MULTI: gl.constexpr, PDL: gl.constexpr, TIMELINE: gl.constexpr):
+    """What a program of every Gluon decode form serves: (KV head h, sequence s, seq_len, its
+    partition count, the program's first partition p, its tokens [t_lo, t_hi)). Grid: (Hkv, B,
+    P) split, (Hkv, B, cdiv(P, PPP)) split with MULTI, (Hkv, B, 1) one pass; p >= the count:
+    nothing to do. Stamps the start (TIMELINE) and lets the combine launch (PDL)."""
+    h = gl.program_id(0)
+    if TIMELINE:
+        _stamp(tl_ptr, 0, h)
+    if PDL:  # the combine launch may start now; it waits for this grid before reading
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n mov.u32 $0, $1;", "=r,r",
+                                  [h], dtype=gl.int32, is_pure=False, pack=1)
+    s = gl.program_id(1).to(gl.int64)
+    seq_len = gl.load(lens_ptr + s)
+    n_parts = gl.maximum((seq_len + PART - 1) // PART, 1)
+    if ONE_PASS:
+        p = 0
+        t_lo = 0
+        t_hi = seq_len
+    elif MULTI:
+        p = gl.program_id(2) * PPP
+        t_lo = p * PART
+        t_hi = gl.minimum((p + PPP) * PART, seq_len)
+    else:
+        p = gl.program_id(2)
+        t_lo = p * PART
+        t_hi = gl.minimum(p * PART + PART, seq_len)
+    return h, s, seq_len, n_parts, p, t_lo, t_hi
+
+
+@gluon.jit
 def _fold(big_m, big_l, big_a, m_p, l_p, acc_p, ROW_O: gl.constexpr):
     """``_decode_kernels._merge`` (the same operations, the same FMAs): fold one partition's
     state into the running one. m_p, l_p arrive in the S row layout."""
@@ -134,28 +165,8 @@ def decode_sm90(
     KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_BLOCK_M, D], dtype)
 
-    # grid: (Hkv, B, P) split, (Hkv, B, cdiv(P, PPP)) split with MULTI, (Hkv, B, 1) one pass
-    h = gl.program_id(0)
-    if TIMELINE:
-        _stamp(tl_ptr, 0, h)
-    if PDL:  # the combine launch may start now; it waits for this grid before reading
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n mov.u32 $0, $1;", "=r,r",
-                                  [h], dtype=gl.int32, is_pure=False, pack=1)
-    s = gl.program_id(1).to(gl.int64)
-    seq_len = gl.load(lens_ptr + s)
-    n_parts = gl.maximum((seq_len + PART - 1) // PART, 1)
-    if ONE_PASS:
-        p = 0
-        t_lo = 0
-        t_hi = seq_len
-    elif MULTI:
-        p = gl.program_id(2) * PPP
-        t_lo = p * PART
-        t_hi = gl.minimum((p + PPP) * PART, seq_len)
-    else:
-        p = gl.program_id(2)
-        t_lo = p * PART
-        t_hi = gl.minimum(p * PART + PART, seq_len)
+    h, s, seq_len, n_parts, p, t_lo, t_hi = _program(tl_ptr, lens_ptr, PPP, PART, ONE_PASS,
+                                                     MULTI, PDL, TIMELINE)
     if p >= n_parts:  # split: past the sequence's last partition
         if TIMELINE:
             _stamp(tl_ptr, 3, h)

@@ -25,7 +25,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
                                                               warpgroup_mma)
 
-from pagedattn.triton_kernels._decode_gluon_kernel import _stamp
+from pagedattn.triton_kernels._decode_gluon_kernel import _program, _stamp
 from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
 
 _LN2 = gl.constexpr(0.6931471805599453)
@@ -100,6 +100,66 @@ def _finish_t(out_ptr, lse_ptr, s, h, m, l, acc, Hq, LQ, stride_ob, stride_ot, s
 
 
 @gluon.jit
+def _softmax_t(sc, m_i, l_i, o, start, lim, t_hi, keys, pos, qk_scale, CAUSAL: gl.constexpr):
+    """_common.online_softmax_step per column of S^T [BLOCK_N, NQ] (raw q.k): scale, mask keys
+    past t_hi (and, causal, past each row's position) in tiles ending past lim, fold into (m, l)
+    and rescale O^T. Returns (m, l, O^T, P^T)."""
+    sc = sc * qk_scale
+    if start + sc.shape[0] > lim:
+        j = start + keys
+        vis = (j < t_hi)[:, None]
+        if CAUSAL:
+            vis = vis & (j[:, None] <= pos[None, :])
+        sc = gl.where(vis, sc, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(sc, 0))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    pr = gl.exp2(sc - m_safe[None, :])  # P^T [BLOCK_N, NQ]
+    l_i = l_i * alpha + gl.sum(pr, 0)
+    return m_new, l_i, o * alpha[None, :], pr
+
+
+@gluon.jit
+def _end_tile_t(ws_ml_ptr, ws_o_ptr, ws_row0, end, t_hi, n_parts, m_i, l_i, o, big_m, big_l,
+                big_a, R: gl.constexpr, PART: gl.constexpr, ONE_PASS: gl.constexpr,
+                MMA: gl.constexpr):
+    """After the tile ending at ``end``: at a partition's last tile, fold its state into the
+    running one (one pass) or park it for the combine (split, several partitions), and start
+    the next partition empty. Returns (big_m, big_l, big_a, m, l, O^T)."""
+    COL: gl.constexpr = gl.SliceLayout(0, MMA)
+    if ((end % PART) == 0) | (end >= t_hi):  # this partition's last tile
+        if ONE_PASS:
+            big_m, big_l, big_a = _fold_t(big_m, big_l, big_a, m_i, l_i, o, COL)
+            m_i = gl.full(m_i.shape, float("-inf"), gl.float32, COL)
+            l_i = gl.zeros(l_i.shape, gl.float32, COL)
+            o = gl.zeros(o.shape, gl.float32, MMA)
+        elif n_parts > 1:  # a single-partition sequence is finished by _epilogue_t
+            _park_t(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R, m_i, l_i, o, R,
+                    o.shape[0], COL, gl.SliceLayout(1, MMA), COL)
+            m_i = gl.full(m_i.shape, float("-inf"), gl.float32, COL)
+            l_i = gl.zeros(l_i.shape, gl.float32, COL)
+            o = gl.zeros(o.shape, gl.float32, MMA)
+    return big_m, big_l, big_a, m_i, l_i, o
+
+
+@gluon.jit
+def _epilogue_t(out_ptr, lse_ptr, s, h, n_parts, m_i, l_i, o, big_m, big_l, big_a, Hq, LQ,
+                stride_ob, stride_ot, stride_oh, G: gl.constexpr, R: gl.constexpr,
+                ONE_PASS: gl.constexpr, RETURN_LSE: gl.constexpr, MMA: gl.constexpr):
+    """Store out (and lse) where this program finishes its sequence: one pass, or a split
+    sequence of one partition (the state one pass would hold: one fold into the empty one)."""
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL: gl.constexpr = gl.SliceLayout(0, MMA)
+    if ONE_PASS:
+        _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
+                  stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL)
+    elif n_parts == 1:
+        big_m, big_l, big_a = _fold_t(big_m, big_l, big_a, m_i, l_i, o, COL)
+        _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
+                  stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL)
+
+
+@gluon.jit
 def decode_sm90_swap(
     q_ptr,  # [B, LQ, Hq, D] (strides)
     kc_ptr, vc_ptr,  # paged caches, head dim contiguous (bhsd, bshd)
@@ -122,36 +182,14 @@ def decode_sm90_swap(
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [num_warps, 1], [1, 0])
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, NQ, 16])
-    ROW_S: gl.constexpr = gl.SliceLayout(1, MMA)  # keys of S^T
-    COL_S: gl.constexpr = gl.SliceLayout(0, MMA)  # query rows of S^T
-    ROW_O: gl.constexpr = gl.SliceLayout(1, MMA)  # head dim of O^T
-    COL_O: gl.constexpr = gl.SliceLayout(0, MMA)  # query rows of O^T
+    ROW_S: gl.constexpr = gl.SliceLayout(1, MMA)  # keys of S^T, head dim of O^T
+    COL_S: gl.constexpr = gl.SliceLayout(0, MMA)  # query rows
     KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, D], dtype)
     P_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, BLOCK_N], dtype)
 
-    # grid: (Hkv, B, P) split, (Hkv, B, cdiv(P, PPP)) split with MULTI, (Hkv, B, 1) one pass
-    h = gl.program_id(0)
-    if TIMELINE:
-        _stamp(tl_ptr, 0, h)
-    if PDL:  # the combine launch may start now; it waits for this grid before reading
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n mov.u32 $0, $1;", "=r,r",
-                                  [h], dtype=gl.int32, is_pure=False, pack=1)
-    s = gl.program_id(1).to(gl.int64)
-    seq_len = gl.load(lens_ptr + s)
-    n_parts = gl.maximum((seq_len + PART - 1) // PART, 1)
-    if ONE_PASS:
-        p = 0
-        t_lo = 0
-        t_hi = seq_len
-    elif MULTI:
-        p = gl.program_id(2) * PPP
-        t_lo = p * PART
-        t_hi = gl.minimum((p + PPP) * PART, seq_len)
-    else:
-        p = gl.program_id(2)
-        t_lo = p * PART
-        t_hi = gl.minimum(p * PART + PART, seq_len)
+    h, s, seq_len, n_parts, p, t_lo, t_hi = _program(tl_ptr, lens_ptr, PPP, PART, ONE_PASS,
+                                                     MULTI, PDL, TIMELINE)
     if p >= n_parts:  # split: past the sequence's last partition
         if TIMELINE:
             _stamp(tl_ptr, 3, h)
@@ -196,8 +234,8 @@ def decode_sm90_swap(
     m_i = gl.full([NQ], float("-inf"), gl.float32, COL_S)
     l_i = gl.zeros([NQ], gl.float32, COL_S)
     o = gl.zeros([D, NQ], gl.float32, MMA)  # O^T
-    big_m = gl.full([NQ], float("-inf"), gl.float32, COL_O)
-    big_l = gl.zeros([NQ], gl.float32, COL_O)
+    big_m = gl.full([NQ], float("-inf"), gl.float32, COL_S)
+    big_l = gl.zeros([NQ], gl.float32, COL_S)
     big_a = gl.zeros([D, NQ], gl.float32, MMA)
     for t in range(n_tiles):
         start = t_lo + t * BLOCK_N
@@ -230,50 +268,22 @@ def decode_sm90_swap(
         # S^T [BLOCK_N, NQ] = K_t Q^T
         sc = warpgroup_mma(k_ring.index(t % NS), q_smem.permute((1, 0)),
                            gl.zeros([BLOCK_N, NQ], gl.float32, MMA), use_acc=False)
-        sc = sc * qk_scale
-        if start + BLOCK_N > lim:
-            j = start + keys
-            vis = (j < t_hi)[:, None]
-            if CAUSAL:
-                vis = vis & (j[:, None] <= pos[None, :])
-            sc = gl.where(vis, sc, float("-inf"))
-        # _common.online_softmax_step, per column
-        m_new = gl.maximum(m_i, gl.max(sc, 0))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        pr = gl.exp2(sc - m_safe[None, :])  # P^T [BLOCK_N, NQ]
-        l_i = l_i * alpha + gl.sum(pr, 0)
-        m_i = m_new
-        o = o * gl.convert_layout(alpha, COL_O)[None, :]
+        m_i, l_i, o, pr = _softmax_t(sc, m_i, l_i, o, start, lim, t_hi, keys, pos, qk_scale,
+                                     CAUSAL)
         p_smem.permute((1, 0)).store(pr.to(dtype))
         fence_async_shared()
         gl.thread_barrier()  # every warp's P^T rows
         # O^T [D, NQ] += V_t^T P^T
         o = warpgroup_mma(v_ring.index(t % NS).permute((1, 0)), p_smem.permute((1, 0)), o)
 
-        end = start + BLOCK_N
-        if ((end % PART) == 0) | (end >= t_hi):  # this partition's last tile
-            if ONE_PASS:
-                big_m, big_l, big_a = _fold_t(big_m, big_l, big_a, m_i, l_i, o, COL_O)
-                m_i = gl.full([NQ], float("-inf"), gl.float32, COL_S)
-                l_i = gl.zeros([NQ], gl.float32, COL_S)
-                o = gl.zeros([D, NQ], gl.float32, MMA)
-            elif n_parts > 1:  # a single-partition sequence is finished below
-                _park_t(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R, m_i, l_i, o,
-                        R, D, COL_S, ROW_O, COL_O)
-                m_i = gl.full([NQ], float("-inf"), gl.float32, COL_S)
-                l_i = gl.zeros([NQ], gl.float32, COL_S)
-                o = gl.zeros([D, NQ], gl.float32, MMA)
+        big_m, big_l, big_a, m_i, l_i, o = _end_tile_t(
+            ws_ml_ptr, ws_o_ptr, ws_row0, start + BLOCK_N, t_hi, n_parts, m_i, l_i, o, big_m,
+            big_l, big_a, R, PART, ONE_PASS, MMA)
     async_copy.wait_group(0)  # no copy outlives the program
     if TIMELINE:
         _stamp(tl_ptr, 2, h)
 
-    if ONE_PASS:
-        _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                  stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
-    elif n_parts == 1:  # the state one pass would hold: one fold into the empty state
-        big_m, big_l, big_a = _fold_t(big_m, big_l, big_a, m_i, l_i, o, COL_O)
-        _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                  stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
+    _epilogue_t(out_ptr, lse_ptr, s, h, n_parts, m_i, l_i, o, big_m, big_l, big_a, Hq, LQ,
+                stride_ob, stride_ot, stride_oh, G, R, ONE_PASS, RETURN_LSE, MMA)
     if TIMELINE:
         _stamp(tl_ptr, 3, h)

@@ -22,8 +22,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
                                                               mbarrier, warpgroup_mma)
 
-from pagedattn.triton_kernels._decode_gluon_kernel import _stamp
-from pagedattn.triton_kernels._decode_gluon_swap import _finish_t, _fold_t, _park_t
+from pagedattn.triton_kernels._decode_gluon_kernel import _program, _stamp
+from pagedattn.triton_kernels._decode_gluon_swap import _end_tile_t, _epilogue_t, _softmax_t
 from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
 
 P_WARPS = gl.constexpr(4)  # the producer warpgroup
@@ -109,21 +109,8 @@ def _consumer(out_ptr, lse_ptr, ws_ml_ptr, ws_o_ptr, tl_ptr, q_smem, k_ring, v_r
         sc = warpgroup_mma(k_ring.index(slot), q_smem.permute((1, 0)),
                            gl.zeros([BLOCK_N, NQ], gl.float32, MMA), use_acc=False)
         mbarrier.arrive(k_empty.index(slot))
-        sc = sc * qk_scale
-        if start + BLOCK_N > lim:
-            j = start + keys
-            vis = (j < t_hi)[:, None]
-            if CAUSAL:
-                vis = vis & (j[:, None] <= pos[None, :])
-            sc = gl.where(vis, sc, float("-inf"))
-        # _common.online_softmax_step, per column
-        m_new = gl.maximum(m_i, gl.max(sc, 0))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        pr = gl.exp2(sc - m_safe[None, :])  # P^T [BLOCK_N, NQ]
-        l_i = l_i * alpha + gl.sum(pr, 0)
-        m_i = m_new
-        o = o * alpha[None, :]
+        m_i, l_i, o, pr = _softmax_t(sc, m_i, l_i, o, start, lim, t_hi, keys, pos, qk_scale,
+                                     CAUSAL)
         gl.thread_barrier()  # every warp's wgmma of tile t - 1 read P^T
         p_smem.permute((1, 0)).store(pr.to(dtype))
         fence_async_shared()
@@ -134,28 +121,13 @@ def _consumer(out_ptr, lse_ptr, ws_ml_ptr, ws_o_ptr, tl_ptr, q_smem, k_ring, v_r
         o = warpgroup_mma(v_ring.index(slot).permute((1, 0)), p_smem.permute((1, 0)), o)
         mbarrier.arrive(v_empty.index(slot))
 
-        end = start + BLOCK_N
-        if ((end % PART) == 0) | (end >= t_hi):  # this partition's last tile
-            if ONE_PASS:
-                big_m, big_l, big_a = _fold_t(big_m, big_l, big_a, m_i, l_i, o, COL_S)
-                m_i = gl.full([NQ], float("-inf"), gl.float32, COL_S)
-                l_i = gl.zeros([NQ], gl.float32, COL_S)
-                o = gl.zeros([D, NQ], gl.float32, MMA)
-            elif n_parts > 1:  # a single-partition sequence is finished below
-                _park_t(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R, m_i, l_i, o,
-                        R, D, COL_S, ROW_S, COL_S)
-                m_i = gl.full([NQ], float("-inf"), gl.float32, COL_S)
-                l_i = gl.zeros([NQ], gl.float32, COL_S)
-                o = gl.zeros([D, NQ], gl.float32, MMA)
+        big_m, big_l, big_a, m_i, l_i, o = _end_tile_t(
+            ws_ml_ptr, ws_o_ptr, ws_row0, start + BLOCK_N, t_hi, n_parts, m_i, l_i, o, big_m,
+            big_l, big_a, R, PART, ONE_PASS, MMA)
     if TIMELINE:
         _stamp(tl_ptr, 2, h)
-    if ONE_PASS:
-        _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                  stride_oh, G, R, D, RETURN_LSE, ROW_S, COL_S)
-    elif n_parts == 1:  # the state one pass would hold: one fold into the empty state
-        big_m, big_l, big_a = _fold_t(big_m, big_l, big_a, m_i, l_i, o, COL_S)
-        _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                  stride_oh, G, R, D, RETURN_LSE, ROW_S, COL_S)
+    _epilogue_t(out_ptr, lse_ptr, s, h, n_parts, m_i, l_i, o, big_m, big_l, big_a, Hq, LQ,
+                stride_ob, stride_ot, stride_oh, G, R, ONE_PASS, RETURN_LSE, MMA)
 
 
 @gluon.jit
@@ -181,28 +153,8 @@ def decode_sm90_ws(
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, D], dtype)
     P_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, BLOCK_N], dtype)
 
-    # grid: (Hkv, B, P) split, (Hkv, B, cdiv(P, PPP)) split with MULTI, (Hkv, B, 1) one pass
-    h = gl.program_id(0)
-    if TIMELINE:
-        _stamp(tl_ptr, 0, h)
-    if PDL:  # the combine launch may start now; it waits for this grid before reading
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n mov.u32 $0, $1;", "=r,r",
-                                  [h], dtype=gl.int32, is_pure=False, pack=1)
-    s = gl.program_id(1).to(gl.int64)
-    seq_len = gl.load(lens_ptr + s)
-    n_parts = gl.maximum((seq_len + PART - 1) // PART, 1)
-    if ONE_PASS:
-        p = 0
-        t_lo = 0
-        t_hi = seq_len
-    elif MULTI:
-        p = gl.program_id(2) * PPP
-        t_lo = p * PART
-        t_hi = gl.minimum((p + PPP) * PART, seq_len)
-    else:
-        p = gl.program_id(2)
-        t_lo = p * PART
-        t_hi = gl.minimum(p * PART + PART, seq_len)
+    h, s, seq_len, n_parts, p, t_lo, t_hi = _program(tl_ptr, lens_ptr, PPP, PART, ONE_PASS,
+                                                     MULTI, PDL, TIMELINE)
     if p >= n_parts:  # split: past the sequence's last partition
         if TIMELINE:
             _stamp(tl_ptr, 3, h)
