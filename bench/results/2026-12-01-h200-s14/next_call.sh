@@ -13,7 +13,7 @@ PACK_DIR=$O
 export PAGEDATTN_DECODE_VARIANT=gluon PAGEDATTN_VALIDATE=0
 run() {  # NAME, then env assignments
   local name=$1; shift
-  env "$@" timeout 90 ncu --section WarpStateStats --section SourceCounters \
+  env "$@" timeout 90 ncu --clock-control none --section WarpStateStats --section SourceCounters \
     --section SchedulerStats --print-details all -k regex:decode_sm90 --launch-skip 3 \
     --launch-count 1 python3 scripts/hip_prof_case.py 1 32768 32 8 triton \
     > $O/ncu_$name.txt 2>&1 || echo "ncu $name rc $?"
