@@ -2,8 +2,9 @@
 
 Each variant is NAME=ENV[,ENV...] (environment set while that variant is captured and timed),
 e.g. ``auto= split1=PAGEDATTN_HIP_DECODE_MODE=split,PAGEDATTN_HIP_DECODE_PPP=1``; a value may hold
-commas (``t32=PAGEDATTN_DECODE_CONFIG=32,4,3``). Names starting with ``triton`` time the Triton
-backend (the yardstick), the others HIP. Prints one row per shape: microseconds per variant
+commas (``triton_t32=PAGEDATTN_DECODE_CONFIG=32,4,3``). Names starting with ``triton`` time the
+Triton backend (the yardstick), the others HIP; a HIP variant that sets a Triton decode knob
+(``PAGEDATTN_DECODE_*``) is refused: it would time HIP unchanged. Prints one row per shape: microseconds per variant
 and each variant's speed relative to the first. Outputs are not compared here (the GPU tests do).
 
 Usage: python scripts/hip_decode_ab.py [--quick] [--heads 64/1,48/2] [--blocks 16,32]
@@ -28,8 +29,12 @@ def _variants(specs):
     for spec in specs:
         name, _, env = spec.partition("=")
         # NAME=value pairs split at the commas that start the next upper-case NAME=
-        pairs = re.findall(r"([A-Z_][A-Z0-9_]*)=(.*?)(?=,[A-Z_][A-Z0-9_]*=|$)", env)
-        out.append((name, dict(pairs)))
+        pairs = dict(re.findall(r"([A-Z_][A-Z0-9_]*)=(.*?)(?=,[A-Z_][A-Z0-9_]*=|$)", env))
+        knobs = [k for k in pairs if k.startswith("PAGEDATTN_DECODE_")]
+        if knobs and not name.startswith("triton"):
+            raise SystemExit(f"variant {name!r} times the HIP backend but sets Triton knobs "
+                             f"{knobs}: name it triton_...")
+        out.append((name, pairs))
     return out
 
 
