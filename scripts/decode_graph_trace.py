@@ -74,7 +74,8 @@ def main():
     ap.add_argument("--blocks", default="16,64")
     a = ap.parse_args()
     hq, hkv = (int(x) for x in a.heads.split("/"))
-    print("| heads | block | batch | ctx | decode us | combine us | decode end -> call end us"
+    print("| heads | block | batch | ctx | decode us | combine span us (PDL: starts early, waits)"
+          " | decode end -> call end us"
           " | launch gap us | call us (gap + span) | kernels |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in a.shapes.split(";"):

@@ -4,8 +4,9 @@ Each variant is NAME=ENV[,ENV...] (environment set while that variant is capture
 e.g. ``auto= split1=PAGEDATTN_HIP_DECODE_MODE=split,PAGEDATTN_HIP_DECODE_PPP=1``; a value may hold
 commas (``triton_t32=PAGEDATTN_DECODE_CONFIG=32,4,3``). Names starting with ``triton`` time the
 Triton backend (the yardstick), the others HIP; a HIP variant that sets a Triton decode knob
-(``PAGEDATTN_DECODE_*``) is refused: it would time HIP unchanged. Prints one row per shape: microseconds per variant
-and each variant's speed relative to the first. Outputs are not compared here (the GPU tests do).
+(``PAGEDATTN_DECODE_*``) is refused: it would time HIP unchanged. Prints one row per shape:
+microseconds per variant and each variant's speed relative to the first (medians of --rounds
+timings taken in rotated order, 3 by default). Outputs are not compared here (the GPU tests do).
 
 Usage: python scripts/hip_decode_ab.py [--quick] [--heads 64/1,48/2] [--blocks 16,32]
 [--kv e5m2] [--csv PATH]
@@ -13,6 +14,7 @@ Usage: python scripts/hip_decode_ab.py [--quick] [--heads 64/1,48/2] [--blocks 1
 """
 import argparse
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -49,6 +51,8 @@ def main(argv=None):
     ap.add_argument("--kv", default="bf16", choices=sorted(KV_DTYPES),
                     help="cache dtype (fp8: the bf16 cache cast, per-head scales 0.5)")
     ap.add_argument("--csv", default=None, help="also write the table here")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="timings per variant, in rotated order; the table shows medians")
     ap.add_argument("variants", nargs="+")
     args = ap.parse_args(argv)
     import torch
@@ -63,8 +67,8 @@ def main(argv=None):
     rows = []
     names = [n for n, _ in variants]
     kv_dtype = getattr(torch, KV_DTYPES[args.kv])
-    print(f"# HIP decode A/B {args.label} (KV {args.kv}): us per call from CUDA graphs; "
-          "x = first / this")
+    print(f"# HIP decode A/B {args.label} (KV {args.kv}): us per call from CUDA graphs, median of "
+          f"{args.rounds} rounds in rotated order; x = first / this")
     print("| Hq/Hkv | block | (batch, ctx) | " + " | ".join(names) + " | "
           + " | ".join(f"x {n}" for n in names[1:]) + " |")
     print("|" + "---|" * (3 + 2 * len(names) - 1))
@@ -77,15 +81,18 @@ def main(argv=None):
                     k, v = k.to(kv_dtype), v.to(kv_dtype)
                     scale = torch.full((hkv,), 0.5, dtype=torch.float32, device="cuda")
                 out = torch.empty_like(q)
-                times = []
-                for name, env in variants:
-                    backend = "triton" if name.startswith("triton") else "hip"
-                    try:  # the variant's environment is set around every call (capture too)
-                        times.append(_bench_graph(_with_env(
-                            _ours(q, k, v, table, lens, out, backend, scale), **env)))
-                    except Exception as e:  # noqa: BLE001
-                        print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-                        times.append(float("nan"))
+                runs = [[] for _ in variants]
+                for rnd in range(args.rounds):  # rotated order: a slow spell hits every variant
+                    for i in ((j + rnd) % len(variants) for j in range(len(variants))):
+                        name, env = variants[i]
+                        backend = "triton" if name.startswith("triton") else "hip"
+                        try:  # the variant's environment is set around every call (capture too)
+                            runs[i].append(_bench_graph(_with_env(
+                                _ours(q, k, v, table, lens, out, backend, scale), **env)))
+                        except Exception as e:  # noqa: BLE001
+                            print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                            runs[i].append(float("nan"))
+                times = [statistics.median(r) for r in runs]
                 ratios = [times[0] / t for t in times[1:]]
                 rows.append(dict(Hq=hq, Hkv=hkv, block=bs, batch=batch, ctx=ctx, kv=args.kv,
                                  **{f"{n}_graph_us": round(t, 1) for n, t in zip(names, times)}))
