@@ -18,7 +18,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH: an A/B tree may shadow the package
+# after PYTHONPATH: an A/B tree may shadow the package
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_decode import (BLOCKS, HEADS, SHAPES, _bench_graph, _case, _ours,  # noqa: E402
                                 _with_env)
