@@ -274,6 +274,9 @@ def test_parts_per_program_counts_registers(monkeypatch):
     assert PD._parts_per_program(1024, 16, 69 * 1024, 8, cuda) == 3
     assert PD._parts_per_program(1024, 16, 69 * 1024, 8, cuda, regs=128) == 4
     assert PD._parts_per_program(1024, 16, 69 * 1024, 4, cuda, regs=148) == 3
+    assert PD._parts_per_program(1024, 16, 69 * 1024, 4, cuda, one=True) == 1  # the swap form
+    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", "2")  # the knob still wins
+    assert PD._parts_per_program(1024, 16, 69 * 1024, 4, cuda, one=True) == 2
 
 
 def test_out_buffer_fused_qkv_noncontiguous_cache(device, mode_guard):
@@ -496,6 +499,13 @@ def test_decode_variant_knobs_reject_bad_values(monkeypatch):
     assert G.occupancy(4, 64) == (4, None)
     monkeypatch.delenv(G.ENV_FORM)
     assert G.form(4, 64) == "rows"
+    # the default: swap for one row (MHA decode) on 64-token tiles, with one partition per
+    # split program; the knob overrides
+    assert G.form(1, 64) == G.form(1, 128) == "swap" and G.one_partition(1, 64)
+    assert G.form(1, 32) == G.form(2, 64) == "rows" and not G.one_partition(2, 64)
+    monkeypatch.setenv(G.ENV_FORM, "rows")
+    assert G.form(1, 64) == "rows" and not G.one_partition(1, 64)
+    monkeypatch.delenv(G.ENV_FORM)
     monkeypatch.setenv(G.ENV_PIPE, "on")
     with pytest.raises(ValueError, match=G.ENV_PIPE):
         G.pipe(3)
@@ -602,23 +612,28 @@ GLUON_CASES = [  # dtype, layout, (Hq, Hkv), D, block, q_len, partition, lens
     (torch.float16, "bhsd", (16, 2), 64, 256, 2, 512, [2, 255, 256, 257, 3000]),
     (torch.bfloat16, "bhsd", (32, 8), 128, 32, 4, 128, [4, 129, 1000, 5000]),
     (torch.bfloat16, "bshd", (8, 8), 128, 128, 1, 512, [1, 128, 129, 6000]),
+    (torch.float16, "bhsd", (16, 16), 64, 16, 1, None, [1, 15, 16, 1000, 4100]),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
-@pytest.mark.parametrize("tile", ["", "32,3", "32,4", "64,3", "128,2", "16,4", "late",
+@pytest.mark.parametrize("tile", ["", "rows", "32,3", "32,4", "64,3", "128,2", "16,4", "late",
                                   "late-32,3", "swap", "swap-64,3", "swap-late-128,2", "ws",
-                                  "ws-64,3", "ws-128,2", "pipe-64,3", "pipe-128,3"])
+                                  "ws-64,3", "ws-128,2", "rows-pipe-64,3", "rows-pipe-128,3"])
 def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
     """The Gluon kernel against the float64 oracle over dtypes, layouts, groups 1-64, D 64/128,
     blocks 1-256, speculative q_len, NaN-poisoned pages and table slack, every tile (knob);
     split (1 and several partitions per program) == one pass, bit for bit; it really ran."""
     qd, layout, (hq, hkv), d, bs, q_len, part, lens = GLUON_CASES[case]
-    knobs = tile.split("-")  # "late": refill after the wait; "swap", "ws": the kernel form
+    knobs = tile.split("-")  # "late": refill after the wait; "rows", "swap", "ws": the kernel
+    # form (none: the default, swap for MHA)
     monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_EARLY", "0" if "late" in knobs else "1")
-    monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_FORM",
-                       "swap" if "swap" in knobs else "ws" if "ws" in knobs else "rows")
+    forms = [k for k in knobs if k in ("rows", "swap", "ws")]
+    if forms:
+        monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_FORM", forms[0])
+    else:
+        monkeypatch.delenv("PAGEDATTN_DECODE_GLUON_FORM", raising=False)
     monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_PIPE", "1" if "pipe" in knobs else "0")
     tile = "".join(k for k in knobs if "," in k)
     if tile:

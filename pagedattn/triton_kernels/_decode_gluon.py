@@ -24,6 +24,10 @@ cache whose head dim is contiguous (bhsd, bshd), any block size, G * Lq <= 64 ro
 partitions a multiple of the tile; no window, soft-cap, ALiBi, sinks or fp8 (those calls keep
 the Triton kernel).
 
+Forms (:func:`form`): this kernel for GQA; for one query row per KV head (MHA decode) the
+``swap`` form (``_decode_gluon_swap.py``, the products transposed so the keys fill the wgmma's
+M side), whose split programs take one partition each.
+
 This module holds the launcher, the gate and the knobs; the kernel and its helpers are in
 ``_decode_gluon_kernel.py``.
 """
@@ -89,22 +93,38 @@ def pipe(ns: int) -> bool:
 
 
 def form(rows: int, block_n: int) -> str:
-    """``PAGEDATTN_DECODE_GLUON_FORM`` (A/B runs): which Gluon kernel serves a call.
+    """Which Gluon kernel serves a call of ``rows`` query rows per program (group x q_len).
 
-    * ``rows`` (default): :func:`decode_sm90`, the rows padded to the wgmma's 64 M rows;
-    * ``swap``: ``_decode_gluon_swap.decode_sm90_swap``, keys on the M side;
+    * ``swap`` (the default for one row: MHA decode): ``_decode_gluon_swap.decode_sm90_swap``,
+      keys on the wgmma's M side;
+    * ``rows`` (the default otherwise): :func:`decode_sm90`, the rows padded to the wgmma's 64 M
+      rows;
     * ``ws``: ``_decode_gluon_ws.decode_sm90_ws``, the swap's arithmetic with a producer
-      warpgroup issuing the copies.
+      warpgroup issuing the copies (A/B runs only).
 
-    ``swap`` and ``ws`` serve calls of <= 32 rows (group x q_len) on tiles of a multiple of 64
-    tokens; others keep ``rows``. Depends on the model, q_len and the tile, never on the batch.
+    ``PAGEDATTN_DECODE_GLUON_FORM`` (rows | swap | ws) overrides. ``swap`` and ``ws`` serve
+    calls of <= 32 rows on tiles of a multiple of 64 tokens; others keep ``rows``. Depends on
+    the model, q_len and the tile, never on the batch (the forms' bits differ).
+
+    H200, 32/32 (MHA), D 128, blocks 16 and 64, CUDA graphs: swap, with one partition per split
+    program (:func:`one_partition`), against rows was 1.002-1.020x on all ten issue rows in
+    session 14 (ab_swap_5a2a7aa.md) and 1.004-1.021x in session 15 (medians of 3 rotated rounds,
+    bench/results/2026-12-01-h200-s15/ab_mha_da8917c.md). On 32/8 (4 rows) it lost up to 13 %.
     """
-    raw = os.environ.get(ENV_FORM, "") or "rows"
+    raw = os.environ.get(ENV_FORM, "") or ("swap" if rows == 1 else "rows")
     if raw not in ("rows", "swap", "ws"):
         raise ValueError(f"{ENV_FORM}={raw!r}: expected rows, swap or ws")
     if rows > 32 or block_n % 64:  # _decode_gluon_swap.MAX_ROWS; wgmma M
         return "rows"
     return raw
+
+
+def one_partition(rows: int, block_n: int) -> bool:
+    """Whether the split planner gives each program of the :func:`form` one partition. The swap
+    form: H200 session 15 (ab_mha_da8917c.md), MHA (1, 32768): 127.5 us against 133.6 with the
+    planner's 6 partitions per program (3 programs per SM), (8, 8192) 246.1 against 248.6;
+    the rows form lost 3.4 % at (1, 32768) with one."""
+    return form(rows, block_n) == "swap"
 
 
 def occupancy(rows: int, block_n: int) -> tuple:

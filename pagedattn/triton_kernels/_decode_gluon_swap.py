@@ -16,9 +16,11 @@ Same grid, partitions, workspace, fold and combine as ``decode_sm90`` (see there
 from it (another tile arithmetic), so the knob never changes with the batch: one-pass and split
 launches of this kernel are bitwise equal to each other.
 
-Measured (H200, session 14, ab_swap_5a2a7aa.md): 0.87-1.03x ``decode_sm90``; a lone program is
-no faster (~35 us per 1 MB loop): its two wgmma chains have as many dependent steps as before.
-An A/B form (``PAGEDATTN_DECODE_GLUON_FORM=swap``), not a default.
+Measured (H200): on 32/8 (4 rows) 0.87-1.03x ``decode_sm90`` (session 14, ab_swap_5a2a7aa.md); a
+lone program is no faster (~35 us per 1 MB loop): its two wgmma chains have as many dependent
+steps as before. On 32/32 (one row, MHA), with one partition per split program: 1.002-1.020x
+(session 14) and 1.004-1.021x (session 15, ab_mha_da8917c.md) on all ten issue rows, so it is
+the default for one row (``_decode_gluon.form``).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

@@ -45,10 +45,6 @@ from pagedattn.triton_kernels._decode_kernels import _combine_kernel, _decode_ke
 FORCE_MODE = None  # tests/bench: "one_pass" | "split" | None (rule); env PAGEDATTN_DECODE_MODE
 
 
-# ----------------------------------------------------------------------------------------------
-# launcher
-# ----------------------------------------------------------------------------------------------
-
 # (BLOCK_N, num_warps, num_stages) keyed by (padded head dim, rows bucket). One config serves
 # both launch shapes (batch invariance needs the same tiles). NVIDIA, rows <= 16: KV tiles of 32
 # tokens, 4 warps, 3 stages. The H200 sweeps of session 3 (bench/results/2026-11-30-h200-s3/
@@ -192,21 +188,20 @@ def unsupported(q=None, k_cache=None, geom=None, **_):
     return why
 
 
-def _parts_per_program(programs, n_part_max, smem, warps, device, regs=None):
+def _parts_per_program(programs, n_part_max, smem, warps, device, regs=None, one=False):
     """Partitions per split program (PAGEDATTN_DECODE_PPP: an integer, or ``auto``, the default).
 
-    ``auto``: as few as keep the split grid within one wave of resident programs (``smem``: one
-    program's shared memory; its warps; ``regs``: its registers per thread at launch, when they
-    and not shared memory may bound the programs per SM); the outputs are the same bits for any
-    value, since each partition's state and the combine's order do not change. H200 A/B of
-    2026-11-30 (bench/results/2026-11-30-h200-s4/ppp_sweep.log): (8, 8192) 32/8 84.9 -> 72.9 us,
-    (1, 32768) and (1, 4096) unchanged (one wave already).
+    ``auto``: as few as keep the split grid in one wave of resident programs (``smem``, warps,
+    ``regs``: one program's shared memory, warps and, where they may bound it, registers per
+    thread); ``one``: one (``_decode_gluon.one_partition``). Same bits for any value: partition
+    states and the combine's order do not change. H200, 2026-11-30 (h200-s4/ppp_sweep.log):
+    (8, 8192) 32/8 84.9 -> 72.9 us, (1, 32768) and (1, 4096) unchanged (one wave already).
     """
     ppp = _dispatch.count_or_auto(os.environ.get("PAGEDATTN_DECODE_PPP", "auto"),
                                   "PAGEDATTN_DECODE_PPP")
     if ppp:
         return min(ppp, n_part_max)
-    if device.type != "cuda":
+    if device.type != "cuda" or one:
         return 1
     props = torch.cuda.get_device_properties(device)
     limit = getattr(props, "shared_memory_per_multiprocessor", 0) or 228 * 1024
@@ -330,15 +325,17 @@ def run(call):
                   RETURN_LSE=call.return_lse)
     # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
     gk, g_tile = _gluon(call, ks, vs, rows, part, dev)
+    one = False
     if gk is not None:
         smem, (warps, regs) = gk.smem_bytes(d, *g_tile, rows=rows), gk.occupancy(rows, g_tile[0])
+        one = gk.one_partition(rows, g_tile[0])
     else:
         smem = (num_stages * block_n * block_d * 2 * call.k_cache.element_size()
                 + block_m * block_d * 2)
         warps, regs = num_warps, None
     ppp = 1
     if mode == "split" and n_part_max > 1:
-        ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs)
+        ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs, one)
     grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
     pdl = mode == "split" and n_part_max > 1 and _pdl(dev)
     if gk is not None:
