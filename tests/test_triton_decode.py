@@ -277,6 +277,11 @@ def test_parts_per_program_counts_registers(monkeypatch):
     assert PD._parts_per_program(1024, 16, 69 * 1024, 4, cuda, one=True) == 1  # the swap form
     monkeypatch.setenv("PAGEDATTN_DECODE_PPP", "2")  # the knob still wins
     assert PD._parts_per_program(1024, 16, 69 * 1024, 4, cuda, one=True) == 2
+    # ... but the grid's partition axis stays within CUDA's 65535
+    for env in ("1", "auto"):
+        monkeypatch.setenv("PAGEDATTN_DECODE_PPP", env)
+        assert PD._parts_per_program(70000, 70000, 69 * 1024, 4, cuda, one=True) == 2
+        assert PD._parts_per_program(70000, 70000, 69 * 1024, 4, torch.device("cpu")) == 2
 
 
 def test_out_buffer_fused_qkv_noncontiguous_cache(device, mode_guard):

@@ -196,21 +196,20 @@ def _parts_per_program(programs, n_part_max, smem, warps, device, regs=None, one
     thread); ``one``: one (``_decode_gluon.one_partition``). Same bits for any value: partition
     states and the combine's order do not change. H200, 2026-11-30 (h200-s4/ppp_sweep.log):
     (8, 8192) 32/8 84.9 -> 72.9 us, (1, 32768) and (1, 4096) unchanged (one wave already).
+    Never fewer than keep the grid's partition axis within 65535 (CUDA's limit).
     """
     ppp = _dispatch.count_or_auto(os.environ.get("PAGEDATTN_DECODE_PPP", "auto"),
                                   "PAGEDATTN_DECODE_PPP")
-    if ppp:
-        return min(ppp, n_part_max)
-    if device.type != "cuda" or one:
-        return 1
-    props = torch.cuda.get_device_properties(device)
-    limit = getattr(props, "shared_memory_per_multiprocessor", 0) or 228 * 1024
-    per_sm = min(limit // max(smem, 1), 64 // warps)
-    if regs:
-        per_sm = min(per_sm, 65536 // (regs * 32 * warps))
-    per_sm = max(1, per_sm)
-    slots = props.multi_processor_count * per_sm
-    return min(n_part_max, max(1, -(-programs // slots)))
+    if not ppp and (device.type != "cuda" or one):
+        ppp = 1
+    elif not ppp:
+        props = torch.cuda.get_device_properties(device)
+        limit = getattr(props, "shared_memory_per_multiprocessor", 0) or 228 * 1024
+        per_sm = min(limit // max(smem, 1), 64 // warps)
+        if regs:
+            per_sm = min(per_sm, 65536 // (regs * 32 * warps))
+        ppp = -(-programs // (props.multi_processor_count * max(1, per_sm)))
+    return max(1, min(ppp, n_part_max), -(-n_part_max // 65535))
 
 
 VARIANT_ENV = "PAGEDATTN_DECODE_VARIANT"
