@@ -618,6 +618,7 @@ GLUON_CASES = [  # dtype, layout, (Hq, Hkv), D, block, q_len, partition, lens
     (torch.bfloat16, "bhsd", (32, 8), 128, 32, 4, 128, [4, 129, 1000, 5000]),
     (torch.bfloat16, "bshd", (8, 8), 128, 128, 1, 512, [1, 128, 129, 6000]),
     (torch.float16, "bhsd", (16, 16), 64, 16, 1, None, [1, 15, 16, 1000, 4100]),
+    (torch.bfloat16, "bshd", (8, 8), 128, 1, 1, 64, [1, 2, 63, 64, 65, 777]),  # SGLang's pool
 ]
 
 
