@@ -15,6 +15,10 @@ TOP=${1:?out}; O=$TOP/r; mkdir -p $O
 cd "$(dirname "$0")/../../.."
 PACK_DIR=$O
 . scripts/device_env.sh
+# first the Gluon decode GPU test, which gained MHA on 1-token pages after the last GPU run
+timeout -s INT 200 python3 -m pytest -q -p no:cacheprovider -rf --tb=short -n 8 -m gpu \
+  tests/test_triton_decode.py -k gluon_decode 2>&1 | grep -v "PytestBenchmarkWarning\|warner(" \
+  | tee $O/gpu-tests-gluon.log | tail -8
 export PAGEDATTN_VALIDATE=0
 C=PAGEDATTN_DECODE_CONFIG
 timeout 300 python3 scripts/hip_decode_ab.py --label ${PAGEDATTN_COMMIT:-} --heads 32/8 \
