@@ -81,6 +81,71 @@ def _program(tl_ptr, lens_ptr, PPP, PART: gl.constexpr, ONE_PASS: gl.constexpr,
 
 
 @gluon.jit
+def _kv_base(bt_ptr, kc_ptr, vc_ptr, s, h, seq_len, t_lo, t_hi, LQ, stride_bt, stride_kb,
+             stride_kh, stride_vb, stride_vh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """What every form's tile loop addresses from: (its tile count, lim, the sequence's block
+    table row, this head's K and V bases, the block strides as int64 of their uint32). Tiles
+    ending past lim hold a key some row cannot see."""
+    n_tiles = gl.cdiv(t_hi - t_lo, BLOCK_N)
+    lim = t_hi
+    if CAUSAL:
+        lim = gl.minimum(t_hi, seq_len - LQ + 1)
+    bt_row = bt_ptr + s * stride_bt
+    kc_h = kc_ptr + h.to(gl.int64) * stride_kh
+    vc_h = vc_ptr + h.to(gl.int64) * stride_vh
+    sb_k = stride_kb.to(gl.uint32).to(gl.int64)
+    sb_v = stride_vb.to(gl.uint32).to(gl.int64)
+    return n_tiles, lim, bt_row, kc_h, vc_h, sb_k, sb_v
+
+
+@gluon.jit
+def _copy_rows(stride_kt, stride_vt, D: gl.constexpr, PAGE: gl.constexpr,
+               BLOCK_N: gl.constexpr, LD: gl.constexpr):
+    """(head-dim columns, key rows of a tile, the rows' loop-invariant K and V token offsets:
+    int32, within one page) of the cp.async copies in layout LD."""
+    dcol = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
+    r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))  # key row within a tile
+    TPP: gl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N  # tile rows per page
+    return dcol, r, (r % TPP) * stride_kt, (r % TPP) * stride_vt
+
+
+@gluon.jit
+def _issue_kv(k_slot, v_slot, kc_h, vc_h, ids, start, t_hi, sb_k, sb_v, stride_kt, stride_vt,
+              k_tok, v_tok, r, dcol, PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
+    """K and V of the tile at ``start`` (block ids ``ids``) into their ring slots: one cp.async
+    group."""
+    _issue(k_slot, kc_h, ids, start, t_hi, sb_k, stride_kt, k_tok, r, dcol, PAGE, BLOCK_N)
+    _issue(v_slot, vc_h, ids, start, t_hi, sb_v, stride_vt, v_tok, r, dcol, PAGE, BLOCK_N)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _ring_start(q_smem, q_seq_ptr, k_ring, v_ring, kc_h, vc_h, bt_row, t_lo, t_hi, LQ, h,
+                stride_qt, stride_qh, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol,
+                G: gl.constexpr, M: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
+                LEAD: gl.constexpr, LD: gl.constexpr):
+    """The prologue of the cp.async ring: Q (its M rows: row r = (token r // G, head h * G +
+    r % G), the extend kernel's rows for one query block of LQ tokens) joins tile 0's group,
+    tiles 1 .. LEAD - 1 one group each. Returns the block ids of tile LEAD."""
+    _load_q(q_smem, q_seq_ptr, 0, 0, LQ, h, stride_qt, stride_qh, dcol, G, G, M, LD)
+    for i in gl.static_range(LEAD):
+        start = t_lo + i * BLOCK_N
+        _issue_kv(k_ring.index(i), v_ring.index(i), kc_h, vc_h,
+                  _ids(bt_row, start, t_hi, r, PAGE, BLOCK_N), start, t_hi, sb_k, sb_v,
+                  stride_kt, stride_vt, k_tok, v_tok, r, dcol, PAGE, BLOCK_N)
+    return _ids(bt_row, t_lo + LEAD * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+
+
+@gluon.jit
+def _landed(n: gl.constexpr):
+    """Wait until at most n of this thread's copy groups are in flight, then make the landed
+    tiles visible to the wgmma (async proxy) and wait for every thread's copies."""
+    async_copy.wait_group(n)
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
 def _fold(big_m, big_l, big_a, m_p, l_p, acc_p, ROW_O: gl.constexpr):
     """``_decode_kernels._merge`` (the same operations, the same FMAs): fold one partition's
     state into the running one. m_p, l_p arrive in the S row layout."""
@@ -171,38 +236,17 @@ def decode_sm90(
         if TIMELINE:
             _stamp(tl_ptr, 3, h)
         return
-    n_tiles = gl.cdiv(t_hi - t_lo, BLOCK_N)
-    lim = t_hi  # tiles ending past lim hold a key some row cannot see
-    if CAUSAL:
-        lim = gl.minimum(t_hi, seq_len - LQ + 1)
-
-    bt_row = bt_ptr + s * stride_bt
-    kc_h = kc_ptr + h.to(gl.int64) * stride_kh
-    vc_h = vc_ptr + h.to(gl.int64) * stride_vh
-    sb_k = stride_kb.to(gl.uint32).to(gl.int64)
-    sb_v = stride_vb.to(gl.uint32).to(gl.int64)
-    dcol = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
-    r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))  # key row within a tile
-    TPP: gl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N  # tile rows per page
-    k_tok = (r % TPP) * stride_kt  # loop-invariant token terms (int32: within one page)
-    v_tok = (r % TPP) * stride_vt
+    n_tiles, lim, bt_row, kc_h, vc_h, sb_k, sb_v = _kv_base(
+        bt_ptr, kc_ptr, vc_ptr, s, h, seq_len, t_lo, t_hi, LQ, stride_bt, stride_kb, stride_kh,
+        stride_vb, stride_vh, BLOCK_N, CAUSAL)
+    dcol, r, k_tok, v_tok = _copy_rows(stride_kt, stride_vt, D, PAGE, BLOCK_N, LD)
     q_smem = gl.allocate_shared_memory(dtype, [_BLOCK_M, D], Q_SMEM)
     k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
     v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
 
-    # prologue: Q joins tile 0's group; tiles 1 .. LEAD-1 one group each. The extend kernel's Q
-    # rows with one query block of LQ tokens: row r = (token r // G, head h * G + r % G)
-    _load_q(q_smem, q_ptr + s * stride_qb, 0, 0, LQ, h, stride_qt, stride_qh, dcol, G, G,
-            _BLOCK_M, LD)
-    for i in gl.static_range(LEAD):
-        start = t_lo + i * BLOCK_N
-        ids = _ids(bt_row, start, t_hi, r, PAGE, BLOCK_N)
-        _issue(k_ring.index(i), kc_h, ids, start, t_hi, sb_k, stride_kt, k_tok, r, dcol,
-               PAGE, BLOCK_N)
-        _issue(v_ring.index(i), vc_h, ids, start, t_hi, sb_v, stride_vt, v_tok, r, dcol,
-               PAGE, BLOCK_N)
-        async_copy.commit_group()
-    ids_nx = _ids(bt_row, t_lo + LEAD * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+    ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h, bt_row, t_lo,
+                         t_hi, LQ, h, stride_qt, stride_qh, sb_k, sb_v, stride_kt, stride_vt,
+                         k_tok, v_tok, r, dcol, G, _BLOCK_M, PAGE, BLOCK_N, LEAD, LD)
 
     rows_s = gl.arange(0, _BLOCK_M, layout=ROW_S)
     pos = seq_len - LQ + rows_s // G  # [M] absolute query position of each row
@@ -228,28 +272,20 @@ def decode_sm90(
             c0 = _clock(h)
         if EARLY:  # refill first: NS tiles in flight during the wait, one more barrier
             gl.thread_barrier()  # every warp done with the slot refilled (tile t - 1; PIPE t - 2)
-            _issue(k_ring.index((t + LEAD) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt,
-                   k_tok, r, dcol, PAGE, BLOCK_N)
-            _issue(v_ring.index((t + LEAD) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
-                   v_tok, r, dcol, PAGE, BLOCK_N)
-            async_copy.commit_group()
+            _issue_kv(k_ring.index((t + LEAD) % NS), v_ring.index((t + LEAD) % NS), kc_h, vc_h,
+                      ids_nx, nx, t_hi, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol,
+                      PAGE, BLOCK_N)
             ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
             if TIMELINE:
                 c1 = _clock(h)
                 cyc_i += c1 - c0
                 c0 = c1
-            async_copy.wait_group(LEAD)  # tile t landed (this thread's copies)
-            fence_async_shared()
-            gl.thread_barrier()  # every thread's copies
-        else:
-            async_copy.wait_group(NS - 2)  # tile t landed (this thread's copies)
-            fence_async_shared()
-            gl.thread_barrier()  # every thread's copies; every warp done with tile t - 1's slot
-            _issue(k_ring.index((t + NS - 1) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt,
-                   k_tok, r, dcol, PAGE, BLOCK_N)
-            _issue(v_ring.index((t + NS - 1) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
-                   v_tok, r, dcol, PAGE, BLOCK_N)
-            async_copy.commit_group()
+            _landed(LEAD)  # tile t
+        else:  # LEAD = NS - 1 (PIPE needs EARLY)
+            _landed(NS - 2)  # tile t; every warp done with tile t - 1's slot
+            _issue_kv(k_ring.index((t + LEAD) % NS), v_ring.index((t + LEAD) % NS), kc_h, vc_h,
+                      ids_nx, nx, t_hi, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol,
+                      PAGE, BLOCK_N)
             ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)  # used one tile later
 
         if TIMELINE:

@@ -27,8 +27,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
                                                               warpgroup_mma)
 
-from pagedattn.triton_kernels._decode_gluon_kernel import _program, _stamp
-from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
+from pagedattn.triton_kernels._decode_gluon_kernel import (_copy_rows, _issue_kv, _kv_base, _landed,
+                                                           _program, _ring_start, _stamp)
+from pagedattn.triton_kernels._extend_gluon import _ids
 
 _LN2 = gl.constexpr(0.6931471805599453)
 
@@ -196,38 +197,18 @@ def decode_sm90_swap(
         if TIMELINE:
             _stamp(tl_ptr, 3, h)
         return
-    n_tiles = gl.cdiv(t_hi - t_lo, BLOCK_N)
-    lim = t_hi  # tiles ending past lim hold a key some row cannot see
-    if CAUSAL:
-        lim = gl.minimum(t_hi, seq_len - LQ + 1)
-
-    bt_row = bt_ptr + s * stride_bt
-    kc_h = kc_ptr + h.to(gl.int64) * stride_kh
-    vc_h = vc_ptr + h.to(gl.int64) * stride_vh
-    sb_k = stride_kb.to(gl.uint32).to(gl.int64)
-    sb_v = stride_vb.to(gl.uint32).to(gl.int64)
-    dcol = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
-    r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))  # key row within a tile
-    TPP: gl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N  # tile rows per page
-    k_tok = (r % TPP) * stride_kt  # loop-invariant token terms (int32: within one page)
-    v_tok = (r % TPP) * stride_vt
+    n_tiles, lim, bt_row, kc_h, vc_h, sb_k, sb_v = _kv_base(
+        bt_ptr, kc_ptr, vc_ptr, s, h, seq_len, t_lo, t_hi, LQ, stride_bt, stride_kb, stride_kh,
+        stride_vb, stride_vh, BLOCK_N, CAUSAL)
+    dcol, r, k_tok, v_tok = _copy_rows(stride_kt, stride_vt, D, PAGE, BLOCK_N, LD)
     q_smem = gl.allocate_shared_memory(dtype, [NQ, D], Q_SMEM)  # Q [NQ, D]
     k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
     v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
     p_smem = gl.allocate_shared_memory(dtype, [NQ, BLOCK_N], P_SMEM)  # P [NQ, BLOCK_N]
 
-    # prologue (as decode_sm90): Q joins tile 0's group; tiles 1 .. NS-2 one group each
-    _load_q(q_smem, q_ptr + s * stride_qb, 0, 0, LQ, h, stride_qt, stride_qh, dcol, G, G,
-            NQ, LD)
-    for i in gl.static_range(NS - 1):
-        start = t_lo + i * BLOCK_N
-        ids = _ids(bt_row, start, t_hi, r, PAGE, BLOCK_N)
-        _issue(k_ring.index(i), kc_h, ids, start, t_hi, sb_k, stride_kt, k_tok, r, dcol,
-               PAGE, BLOCK_N)
-        _issue(v_ring.index(i), vc_h, ids, start, t_hi, sb_v, stride_vt, v_tok, r, dcol,
-               PAGE, BLOCK_N)
-        async_copy.commit_group()
-    ids_nx = _ids(bt_row, t_lo + (NS - 1) * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+    ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h, bt_row, t_lo,
+                         t_hi, LQ, h, stride_qt, stride_qh, sb_k, sb_v, stride_kt, stride_vt,
+                         k_tok, v_tok, r, dcol, G, NQ, PAGE, BLOCK_N, NS - 1, LD)
 
     qrow = gl.arange(0, NQ, layout=COL_S)
     pos = seq_len - LQ + qrow // G  # [NQ] absolute query position of each row
@@ -244,24 +225,16 @@ def decode_sm90_swap(
         nx = start + (NS - 1) * BLOCK_N
         if EARLY:  # refill first: NS tiles in flight during the wait, one more barrier
             gl.thread_barrier()  # every warp done with tile t - 1's slot and P^T
-            _issue(k_ring.index((t + NS - 1) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt,
-                   k_tok, r, dcol, PAGE, BLOCK_N)
-            _issue(v_ring.index((t + NS - 1) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
-                   v_tok, r, dcol, PAGE, BLOCK_N)
-            async_copy.commit_group()
+            _issue_kv(k_ring.index((t + NS - 1) % NS), v_ring.index((t + NS - 1) % NS), kc_h,
+                      vc_h, ids_nx, nx, t_hi, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r,
+                      dcol, PAGE, BLOCK_N)
             ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
-            async_copy.wait_group(NS - 1)  # tile t landed (this thread's copies)
-            fence_async_shared()
-            gl.thread_barrier()  # every thread's copies
+            _landed(NS - 1)  # tile t
         else:
-            async_copy.wait_group(NS - 2)  # tile t landed (this thread's copies)
-            fence_async_shared()
-            gl.thread_barrier()  # every thread's copies; every warp done with tile t - 1
-            _issue(k_ring.index((t + NS - 1) % NS), kc_h, ids_nx, nx, t_hi, sb_k, stride_kt,
-                   k_tok, r, dcol, PAGE, BLOCK_N)
-            _issue(v_ring.index((t + NS - 1) % NS), vc_h, ids_nx, nx, t_hi, sb_v, stride_vt,
-                   v_tok, r, dcol, PAGE, BLOCK_N)
-            async_copy.commit_group()
+            _landed(NS - 2)  # tile t; every warp done with tile t - 1
+            _issue_kv(k_ring.index((t + NS - 1) % NS), v_ring.index((t + NS - 1) % NS), kc_h,
+                      vc_h, ids_nx, nx, t_hi, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r,
+                      dcol, PAGE, BLOCK_N)
             ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)  # used one tile later
 
         if TIMELINE:

@@ -22,7 +22,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
                                                               mbarrier, warpgroup_mma)
 
-from pagedattn.triton_kernels._decode_gluon_kernel import _program, _stamp
+from pagedattn.triton_kernels._decode_gluon_kernel import _kv_base, _program, _stamp
 from pagedattn.triton_kernels._decode_gluon_swap import _end_tile_t, _epilogue_t, _softmax_t
 from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
 
@@ -159,15 +159,9 @@ def decode_sm90_ws(
         if TIMELINE:
             _stamp(tl_ptr, 3, h)
         return
-    n_tiles = gl.cdiv(t_hi - t_lo, BLOCK_N)
-    lim = t_hi  # tiles ending past lim hold a key some row cannot see
-    if CAUSAL:
-        lim = gl.minimum(t_hi, seq_len - LQ + 1)
-    bt_row = bt_ptr + s * stride_bt
-    kc_h = kc_ptr + h.to(gl.int64) * stride_kh
-    vc_h = vc_ptr + h.to(gl.int64) * stride_vh
-    sb_k = stride_kb.to(gl.uint32).to(gl.int64)
-    sb_v = stride_vb.to(gl.uint32).to(gl.int64)
+    n_tiles, lim, bt_row, kc_h, vc_h, sb_k, sb_v = _kv_base(
+        bt_ptr, kc_ptr, vc_ptr, s, h, seq_len, t_lo, t_hi, LQ, stride_bt, stride_kb, stride_kh,
+        stride_vb, stride_vh, BLOCK_N, CAUSAL)
 
     q_smem = gl.allocate_shared_memory(dtype, [NQ, D], Q_SMEM)  # Q [NQ, D]
     k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
