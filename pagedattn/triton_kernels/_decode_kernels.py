@@ -6,6 +6,8 @@ import triton.language as tl
 
 from pagedattn.triton_kernels._common import (alibi_bias, finalize_state, kv_offset,
                                               online_softmax_step, soft_cap, visible)
+from pagedattn.triton_kernels._decode_cs import attend_cs, cs_block_ids
+from pagedattn.triton_kernels._decode_state import merge as _merge, park as _park
 
 try:  # grid dependency control (programmatic dependent launch), NVIDIA sm_90+
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -44,35 +46,6 @@ def _fp16_q(q):
     down = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, exact
     up = ((127 + e) << 23).to(tl.float32, bitcast=True)  # 2^e
     return (qf * down).to(tl.float16), up
-
-
-@triton.jit
-def _merge(big_m, big_l, big_a, m_p, l_p, acc_p):
-    """Fold one partition's state (m_p, l_p, acc_p) into the running (big_m, big_l, big_a).
-
-    §1.4.3 as an online merge in partition order: with M' = max(M, m_p), a = exp2(M - M') and
-    b = exp2(m_p - M'): L' = L a + l_p b, A' = A a + acc_p b. The FMAs are explicit, so every
-    kernel that merges (the one-pass loop, the split combine) rounds the same way: outputs are
-    bitwise equal across launch shapes. A neutral state (m_p = -inf, l_p = 0, acc_p = 0) is an
-    exact identity (a = 1, b = 0), so partitions with no key may be skipped or merged alike.
-    m_p, l_p: [M]; acc_p [M, D] (unnormalised).
-    """
-    m_new = tl.maximum(big_m, m_p)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # never -inf - -inf
-    a = tl.exp2(big_m - m_safe)
-    b = tl.exp2(m_p - m_safe)
-    big_l = tl.fma(l_p, b, big_l * a)
-    big_a = tl.fma(acc_p, b[:, None], big_a * a[:, None])
-    return m_new, big_l, big_a
-
-
-@triton.jit
-def _park(ws_ml_ptr, ws_o_ptr, row, row_ok, m, l, acc, d, d_mask, D: tl.constexpr):
-    """Store one partition's state (m_p, l_p, acc_p) at workspace rows ``row`` for the combine."""
-    tl.store(ws_ml_ptr + 2 * row, m, mask=row_ok)
-    tl.store(ws_ml_ptr + 2 * row + 1, l, mask=row_ok)
-    tl.store(ws_o_ptr + row[:, None] * D + d[None, :], acc,
-             mask=row_ok[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -201,7 +174,7 @@ def _decode_kernel(
         G: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, PART: tl.constexpr,
         K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, MULTI: tl.constexpr,
+        ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, MULTI: tl.constexpr, SUB: tl.constexpr,
         PDL: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
         HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
         RETURN_LSE: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr):
@@ -266,14 +239,29 @@ def _decode_kernel(
         t_hi = tl.minimum(p * PART + PART, seq_len)
     # the first tile's block ids, masked by the table's width only: this load does not wait for
     # seq_len (K/V lanes past seq_len are masked off by _attend), one round trip less per program
-    blk0 = _tile_block_ids(bt_row_ptr, t_lo, BT_W * BS, tl.arange(0, BLOCK_N), BS, ONE_BLOCK)
+    if SUB > 1:  # the column split (_decode_cs): SUB sub-streams per tile
+        sub3 = tl.arange(0, SUB)[:, None, None]
+        blk0 = cs_block_ids(bt_row_ptr, t_lo, BT_W * BS, sub3,
+                            tl.arange(0, BLOCK_N // SUB)[None, :, None], BS, BLOCK_N // SUB)
+    else:
+        blk0 = _tile_block_ids(bt_row_ptr, t_lo, BT_W * BS, tl.arange(0, BLOCK_N), BS, ONE_BLOCK)
     if p < n_parts:  # split: programs past the sequence's last partition have nothing to do
-        m, l, acc = _attend(
-            q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
-            cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, stride_kb, stride_kt,
-            stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh, stride_vdh,
-            stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, STEP,
-            PART, ONE_BLOCK, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE)
+        if SUB > 1:
+            m, l, acc = attend_cs(
+                q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
+                cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, stride_kb,
+                stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh,
+                stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N,
+                BLOCK_D, SUB, PART, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI,
+                IEEE)
+        else:
+            m, l, acc = _attend(
+                q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
+                cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, stride_kb,
+                stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh,
+                stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N,
+                BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP,
+                HAS_ALIBI, IEEE)
         if ONE_PASS or n_parts == 1:
             if not ONE_PASS:  # the state one-pass would hold: one merge into the empty state
                 m, l, acc = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32),

@@ -111,7 +111,7 @@ def _next_pow2(n):
 
 
 def _config(block_d, rows, kv_bytes, device):
-    env = os.environ.get("PAGEDATTN_DECODE_CONFIG")  # "BLOCK_N,num_warps,num_stages" (tuning)
+    env = os.environ.get("PAGEDATTN_DECODE_CONFIG")  # "BLOCK_N,warps,stages[,SUB]" (tuning)
     if env:
         return tuple(int(x) for x in env.split(","))
     fam = _TORCH_TO_FAMILY[bool(getattr(torch.version, "hip", None))]
@@ -213,8 +213,7 @@ def _parts_per_program(programs, n_part_max, smem, warps, device, regs=None, one
 
 
 VARIANT_ENV = "PAGEDATTN_DECODE_VARIANT"
-GLUON_TRITON = "3.6."  # the Gluon kernel is written and GPU-tested for this triton (Gluon's API
-# changes between releases)
+GLUON_TRITON = "3.6."  # the triton the Gluon kernel is written and GPU-tested for (API churn)
 
 
 def variant() -> str:
@@ -301,10 +300,13 @@ def run(call):
     part = call.partition_size or default_partition_size(group)
     block_d = max(16, _next_pow2(d))
     block_m = max(16, _next_pow2(rows))
-    block_n, num_warps, num_stages = _config(block_d, rows, call.k_cache.element_size(), dev)
-    if dev.type != "cuda":
-        block_n = 16  # interpreter: small tiles so tiny test sequences still span several
+    cfg = _config(block_d, rows, call.k_cache.element_size(), dev)
+    block_n, num_warps, num_stages, sub = (tuple(cfg) + (1,))[:4]
+    if dev.type != "cuda":  # interpreter: small tiles so tiny test sequences still span several
+        block_n = 16 * sub if sub > 1 else 16
     block_n = min(block_n, max(16, part))
+    if sub > 1 and (part % block_n or block_n // sub < 16):
+        sub = 1  # the column split needs whole tiles per partition and 16-key sub-tiles
     n_part_max = max(1, triton.cdiv(call.block_table.shape[1] * bs, part))  # host bound, no sync
     mode = _mode(nb, hkv, dev)
     ks, vs = L.k_strides(call.k_cache, call.layout), L.v_strides(call.v_cache, call.layout)
@@ -343,7 +345,7 @@ def run(call):
     else:
         _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max,
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
-                       common, rec)
+                       sub, common, rec)
     if mode == "split" and n_part_max > 1:
         c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
@@ -361,8 +363,8 @@ def run(call):
 
 
 def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max, ppp,
-                   mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages, common,
-                   rec):
+                   mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages, sub,
+                   common, rec):
     """The Triton decode kernel (``_decode_kernels._decode_kernel``) on ``grid``; rec: an
     ``_replay.Recorder`` or None."""
     q, o, bs = call.q, call.opts, call.geom.block_size
@@ -389,7 +391,7 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         stride_vdl=vs.dim_lo,
         BS=bs, K_X=ks.x, K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1,
         BLOCK_N=block_n, ONE_BLOCK=one_block, ONE_PASS=mode == "one_pass", MULTI=ppp > 1,
-        PDL=pdl,
+        SUB=sub, PDL=pdl,
         PPP=ppp, CAUSAL=lq > 1,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,

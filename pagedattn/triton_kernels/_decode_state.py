@@ -1,0 +1,34 @@
+"""Partition states of the Triton decode kernels: the online merge (:func:`merge`) and the
+workspace store of a split partition (:func:`park`). Shared by the plain tile loop
+(``_decode_kernels``) and the column split (``_decode_cs``)."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def merge(big_m, big_l, big_a, m_p, l_p, acc_p):
+    """Fold one partition's state (m_p, l_p, acc_p) into the running (big_m, big_l, big_a).
+
+    §1.4.3 as an online merge in partition order: with M' = max(M, m_p), a = exp2(M - M') and
+    b = exp2(m_p - M'): L' = L a + l_p b, A' = A a + acc_p b. The FMAs are explicit, so every
+    kernel that merges (the one-pass loop, the split combine) rounds the same way: outputs are
+    bitwise equal across launch shapes. A neutral state (m_p = -inf, l_p = 0, acc_p = 0) is an
+    exact identity (a = 1, b = 0), so partitions with no key may be skipped or merged alike.
+    m_p, l_p: [M]; acc_p [M, D] (unnormalised).
+    """
+    m_new = tl.maximum(big_m, m_p)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # never -inf - -inf
+    a = tl.exp2(big_m - m_safe)
+    b = tl.exp2(m_p - m_safe)
+    big_l = tl.fma(l_p, b, big_l * a)
+    big_a = tl.fma(acc_p, b[:, None], big_a * a[:, None])
+    return m_new, big_l, big_a
+
+
+@triton.jit
+def park(ws_ml_ptr, ws_o_ptr, row, row_ok, m, l, acc, d, d_mask, D: tl.constexpr):
+    """Store one partition's state (m_p, l_p, acc_p) at workspace rows ``row`` for the combine."""
+    tl.store(ws_ml_ptr + 2 * row, m, mask=row_ok)
+    tl.store(ws_ml_ptr + 2 * row + 1, l, mask=row_ok)
+    tl.store(ws_o_ptr + row[:, None] * D + d[None, :], acc,
+             mask=row_ok[:, None] & d_mask[None, :])

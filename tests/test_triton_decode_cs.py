@@ -1,0 +1,116 @@
+"""The column split of the Triton decode kernel (``_decode_cs.py``, config SUB > 1) against the
+oracle, and bitwise across launch shapes. CPU: the interpreter, SUB 2 on 32-key tiles (the
+dots batched over the sub-streams); GPU: bf16 at real sizes, SUB 4 on 64-key tiles."""
+import importlib
+import random
+
+import pytest
+import torch
+
+from attn_utils import make_paged_batch, tol_key
+from test_triton_decode import _check, _decode, _opts, mode_guard  # noqa: F401 (fixture)
+
+PD = importlib.import_module("pagedattn.triton_kernels.decode")
+R = importlib.import_module("pagedattn.triton_kernels._replay")
+
+
+@pytest.fixture
+def subs(monkeypatch):
+    """The SUB value of every decode kernel launch (the launcher may fall back to 1)."""
+    seen = []
+    real = R.launch
+
+    def spy(rec, jf, grid, *args, **kwargs):
+        if "SUB" in kwargs:
+            seen.append(kwargs["SUB"])
+        return real(rec, jf, grid, *args, **kwargs)
+    monkeypatch.setattr(R, "launch", spy)
+    return seen
+
+
+def _launch_shapes(b, q, part, monkeypatch, **o):
+    """(out, lse) of the one-pass launch, after asserting the split launch with one and with two
+    partitions per program equals it bit for bit."""
+    one = _decode(b, q, mode="one_pass", partition_size=part, return_lse=True, **o)
+    for ppp in ("1", "2"):
+        monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
+        out, lse = _decode(b, q, mode="split", partition_size=part, return_lse=True, **o)
+        bad = (out != one[0]).flatten(0, -2).any(-1).nonzero()[:5].tolist()
+        assert torch.equal(out, one[0]), f"split (PPP {ppp}) vs one-pass: rows {bad}"
+        assert torch.equal(lse, one[1]), f"split (PPP {ppp}) vs one-pass: lse"
+    monkeypatch.delenv("PAGEDATTN_DECODE_PPP")
+    return one
+
+
+CPU_CASES = [  # layout, block size, Hq, Hkv, head dim, q_len, dtype, options
+    ("bhsd", 16, 8, 2, 64, 1, torch.float16, "plain"),
+    ("vllm", 1, 4, 4, 80, 3, torch.float32, "window"),
+    ("hcu", 4, 5, 1, 64, 1, torch.float16, "alibi"),
+    ("bshd", 32, 8, 2, 64, 2, torch.float32, "all"),
+    ("bhsd", 8, 8, 2, 64, 1, torch.float16, "sinks"),
+]
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: f"{c[0]}-bs{c[1]}-{c[7]}")
+def test_column_split_matches_oracle_and_launch_shapes(case, device, mode_guard, monkeypatch,
+                                                        subs):
+    layout, bs, hq, hkv, d, q_len, dt, kind = case
+    monkeypatch.setenv("PAGEDATTN_DECODE_CONFIG", "32,2,2,2")  # interpreter: 32-key tiles
+    gen = torch.Generator().manual_seed(CPU_CASES.index(case))
+    # seq_len 1, exact multiples of the block and of the tile, one past, 0 (q_len 1: several
+    # query tokens need as many keys), and 3 partitions
+    lens = [max(n, q_len) if n or q_len > 1 else 0 for n in (1, 2 * bs, 64, 3 * bs + 1, 0, 90)]
+    b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
+                         dtype=dt, device=device, gen=gen, exact_capacity=bs != 8)
+    shape = (len(lens), hq, d) if q_len == 1 else (len(lens), q_len, hq, d)
+    q = torch.randn(shape, generator=gen).to(device=device, dtype=dt)
+    o = _opts(random.Random(kind), hq, device, gen) if kind != "plain" else {}
+    if kind == "window":
+        o = {"sliding_window": 37}  # the first partitions of the long rows hold no visible key
+    elif kind == "all":
+        o = dict(sliding_window=40, logit_cap=5.0, alibi_slopes=torch.rand(hq, generator=gen)
+                 .to(device), sinks=(torch.randn(hq, generator=gen) * 2).to(device))
+    out, lse = _launch_shapes(b, q, 32, monkeypatch, **o)
+    assert subs and set(subs) == {2}, f"the column split did not run: SUB {set(subs)}"
+    _check(b, q, out, lse, lens, q_len, tol_key(dt, dt), **o)
+
+
+def test_column_split_falls_back_where_tiles_cross_partitions(device, mode_guard, monkeypatch,
+                                                             subs):
+    """Partitions of 16 keys cannot hold a 32-key tile: the plain loop runs, still correct."""
+    monkeypatch.setenv("PAGEDATTN_DECODE_CONFIG", "32,2,2,2")
+    gen = torch.Generator().manual_seed(3)
+    lens = [40, 7]
+    b = make_paged_batch(lens, num_kv_heads=1, head_dim=32, block_size=16, layout="bhsd",
+                         dtype=torch.float32, device=device, gen=gen)
+    q = torch.randn(2, 4, 32, generator=gen).to(device)
+    out, lse = _launch_shapes(b, q, 16, monkeypatch)
+    assert subs and set(subs) == {1}
+    _check(b, q, out, lse, lens, 1, torch.float32)
+
+
+GPU_CASES = [  # Hq, Hkv, head dim, block size, layout, partition
+    (32, 8, 128, 16, "bhsd", None), (32, 8, 128, 64, "vllm", None), (8, 2, 96, 1, "bshd", 256),
+    (28, 4, 128, 16, "hcu", 512), (16, 1, 64, 32, "bhsd", None), (8, 1, 128, 8, "bshd", 128),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", ["64,4,3,4", "32,2,3,2"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"{c[0]}-{c[1]}-d{c[2]}-bs{c[3]}")
+def test_gpu_column_split(case, cfg, device, mode_guard, monkeypatch, subs):
+    """bf16 (the interpreter's bf16 dot is wrong) and fp16 at real sizes: ragged lengths from 1
+    to 9000 around block and tile multiples, options; bitwise across launch shapes."""
+    hq, hkv, d, bs, layout, part = case
+    monkeypatch.setenv("PAGEDATTN_DECODE_CONFIG", cfg)
+    seed = GPU_CASES.index(case)
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    dt = torch.bfloat16 if seed % 3 else torch.float16
+    lens = [1, bs, 64, 64 * bs + 1, 4097, 9000, rng.randint(2, 3000), 511]
+    b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
+                         dtype=dt, device=device, gen=gen, exact_capacity=seed % 2 == 0)
+    q = (4 * torch.randn(len(lens), hq, d, generator=gen)).to(device=device, dtype=dt)
+    o = _opts(rng, hq, device, gen)
+    out, lse = _launch_shapes(b, q, part, monkeypatch, **o)
+    assert subs and set(subs) == {int(cfg.split(",")[3])}
+    _check(b, q, out, lse, lens, 1, tol_key(dt, dt), **o)
