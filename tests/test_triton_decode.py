@@ -13,6 +13,7 @@ import torch
 
 import pagedattn as pa
 PD = importlib.import_module("pagedattn.triton_kernels.decode")
+DC = importlib.import_module("pagedattn.triton_kernels._decode_configs")
 from attn_utils import (FP8, assert_attn_close, assert_lse_close, dense_attention, dense_kv,
                         make_paged_batch, tol_key)
 
@@ -230,7 +231,8 @@ def test_split_programs_owning_several_partitions_bitwise(device, mode_guard, mo
 
 @pytest.mark.parametrize("name,value", [("PAGEDATTN_DECODE_MAXNREG", "300"),
                                         ("PAGEDATTN_DECODE_MAXNREG", "lots"),
-                                        ("PAGEDATTN_DECODE_FP8_DOT", "fp8")])
+                                        ("PAGEDATTN_DECODE_FP8_DOT", "fp8"),
+                                        ("PAGEDATTN_DECODE_ROWSUM", "sometimes")])
 def test_decode_tuning_knobs_reject_bad_values(device, mode_guard, monkeypatch, name, value):
     """A tuning knob with a bad value is a clear error before any launch, not a silent default."""
     gen = torch.Generator().manual_seed(5)
@@ -248,9 +250,9 @@ def test_fp8_tile_sheds_a_stage_where_shared_memory_is_short(monkeypatch):
     monkeypatch.delenv("PAGEDATTN_DECODE_CONFIG", raising=False)
     cuda = torch.device("cuda")
     for limit, stages in ((99 * 1024, 3), (227 * 1024, 3), (60 * 1024, 2)):
-        monkeypatch.setattr(PD, "_smem_per_block", lambda device, n=limit: n)
-        assert PD._config(128, 4, 1, cuda) == (128, 4, stages), limit
-    assert PD._config(128, 4, 2, cuda) == PD._CONFIGS["nvidia"][(128, 16)]
+        monkeypatch.setattr(DC, "_smem_per_block", lambda device, n=limit: n)
+        assert DC._config(128, 4, 1, cuda) == (128, 4, stages), limit
+    assert DC._config(128, 4, 2, cuda) == DC._CONFIGS["nvidia"][(128, 16)]
 
 
 def test_parts_per_program_rejects_bad_values(device, monkeypatch):

@@ -1,6 +1,7 @@
-"""The column split of the Triton decode kernel (``_decode_cs.py``, config SUB > 1) against the
-oracle, and bitwise across launch shapes. CPU: the interpreter, SUB 2 on 32-key tiles (the
-dots batched over the sub-streams); GPU: bf16 at real sizes, SUB 4 on 64-key tiles."""
+"""Tile-loop variants of the Triton decode kernel against the oracle, and bitwise across launch
+shapes: the column split (``_decode_cs.py``, config SUB > 1; CPU: the interpreter, SUB 2 on
+32-key tiles; GPU: bf16 at real sizes, SUB 4 and 2) and the row sums summed per tile
+(PAGEDATTN_DECODE_ROWSUM=tile; the CPU tests' small tiles take the lazy sums by default)."""
 import importlib
 import random
 
@@ -8,10 +9,16 @@ import pytest
 import torch
 
 from attn_utils import make_paged_batch, tol_key
-from test_triton_decode import _check, _decode, _opts, mode_guard  # noqa: F401 (fixture)
+from test_triton_decode import _check, _decode, _opts
 
 PD = importlib.import_module("pagedattn.triton_kernels.decode")
 R = importlib.import_module("pagedattn.triton_kernels._replay")
+
+
+@pytest.fixture
+def mode_guard():
+    yield
+    PD.FORCE_MODE = None
 
 
 @pytest.fixture
@@ -89,6 +96,22 @@ def test_column_split_falls_back_where_tiles_cross_partitions(device, mode_guard
     _check(b, q, out, lse, lens, 1, torch.float32)
 
 
+@pytest.mark.parametrize("rowsum", ["tile", "lazy"])
+def test_row_sums_per_tile_or_lazy(rowsum, device, mode_guard, monkeypatch):
+    """Both ways of keeping the row sums (``decode._lazy_rowsum``), with a window, sinks and
+    ALiBi over many partitions, several query tokens, both launch shapes."""
+    monkeypatch.setenv("PAGEDATTN_DECODE_ROWSUM", rowsum)
+    gen = torch.Generator().manual_seed(9)
+    lens = [150, 3, 64, 33]
+    b = make_paged_batch(lens, num_kv_heads=2, head_dim=32, block_size=16, layout="vllm",
+                         dtype=torch.float32, device=device, gen=gen)
+    q = torch.randn(4, 2, 4, 32, generator=gen).to(device)
+    o = dict(sliding_window=70, sinks=(torch.randn(4, generator=gen) + 1).to(device),
+             alibi_slopes=torch.rand(4, generator=gen).to(device))
+    out, lse = _launch_shapes(b, q, 32, monkeypatch, **o)
+    _check(b, q, out, lse, lens, 2, torch.float32, **o)
+
+
 GPU_CASES = [  # Hq, Hkv, head dim, block size, layout, partition
     (32, 8, 128, 16, "bhsd", None), (32, 8, 128, 64, "vllm", None), (8, 2, 96, 1, "bshd", 256),
     (28, 4, 128, 16, "hcu", 512), (16, 1, 64, 32, "bhsd", None), (8, 1, 128, 8, "bshd", 128),
@@ -109,7 +132,7 @@ def test_gpu_column_split(case, cfg, device, mode_guard, monkeypatch, subs):
     lens = [1, bs, 64, 64 * bs + 1, 4097, 9000, rng.randint(2, 3000), 511]
     b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
                          dtype=dt, device=device, gen=gen, exact_capacity=seed % 2 == 0)
-    q = (4 * torch.randn(len(lens), hq, d, generator=gen)).to(device=device, dtype=dt)
+    q = (6 * torch.randn(len(lens), hq, d, generator=gen)).to(device=device, dtype=dt)
     o = _opts(rng, hq, device, gen)
     out, lse = _launch_shapes(b, q, part, monkeypatch, **o)
     assert subs and set(subs) == {int(cfg.split(",")[3])}

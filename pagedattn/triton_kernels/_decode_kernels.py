@@ -61,7 +61,7 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
             PART: tl.constexpr, ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
             PARK: tl.constexpr, R: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
             HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-            IEEE: tl.constexpr):
+            IEEE: tl.constexpr, LAZY_L: tl.constexpr):
     """Online softmax of the group rows over keys [t_lo, t_hi), one tile of STEP keys at a time.
 
     t_lo is a multiple of STEP, and STEP divides PART, so no tile straddles a partition. Split
@@ -73,10 +73,13 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
     restarted, exactly what one program per partition stores. blk_n: the block ids of the first
     tile (:func:`_tile_block_ids`, loaded by the caller). q [BLOCK_M, BLOCK_D]; pos [BLOCK_M]
     absolute query positions; slope2 [BLOCK_M] ALiBi slopes (log2 domain). m, l: [BLOCK_M]
-    (log2 domain); acc [BLOCK_M, BLOCK_D] float32.
+    (log2 domain); acc [BLOCK_M, BLOCK_D] float32. LAZY_L (``decode._lazy_rowsum``): the row sums
+    stay per key lane ([BLOCK_M, BLOCK_N], rescaled like acc) and are summed over the lanes only
+    at a partition's end: the tiles then cross warps once (the row max), not twice.
     """
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
+    l_v = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     big_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     big_l = tl.zeros((BLOCK_M,), tl.float32)
@@ -109,7 +112,15 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
         if STEP < BLOCK_N:
             ok = ok & j_ok[None, :]
         s = tl.where(ok, s, float("-inf"))
-        m_i, l_i, alpha, p = online_softmax_step(m_i, l_i, s)
+        if LAZY_L:  # online_softmax_step without the sum over the lanes
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_v = l_v * alpha[:, None] + p
+            m_i = m_new
+        else:
+            m_i, l_i, alpha, p = online_softmax_step(m_i, l_i, s)
         v_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_vb, stride_vt,
                           stride_vh, stride_vdh, stride_vdl, BLOCK_D, False, V_LO_ONE)
         v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
@@ -124,6 +135,8 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
             if PARK:  # a single-partition sequence is finished by the caller
                 last = last & (n_parts > 1)
             if last:
+                if LAZY_L:
+                    l_i = tl.sum(l_v, 1)
                 if ONE_PASS:
                     big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_i, l_i, acc)
                 else:
@@ -131,10 +144,13 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
                           m_i, l_i, acc, d, d_mask, D)
                 m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
                 l_i = tl.zeros((BLOCK_M,), tl.float32)
+                l_v = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
                 acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     if ONE_PASS:
         return big_m, big_l, big_a
     else:
+        if LAZY_L:
+            l_i = tl.sum(l_v, 1)
         return m_i, l_i, acc
 
 
@@ -175,9 +191,9 @@ def _decode_kernel(
         K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, MULTI: tl.constexpr, SUB: tl.constexpr,
-        PDL: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
-        HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
-        RETURN_LSE: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr):
+        LAZY_L: tl.constexpr, PDL: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+        HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
+        HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr):
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
     if PDL:  # the combine launch may start now; it waits for this grid before reading
@@ -261,7 +277,7 @@ def _decode_kernel(
                 stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh,
                 stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N,
                 BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP,
-                HAS_ALIBI, IEEE)
+                HAS_ALIBI, IEEE, LAZY_L)
         if ONE_PASS or n_parts == 1:
             if not ONE_PASS:  # the state one-pass would hold: one merge into the empty state
                 m, l, acc = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32),
