@@ -132,6 +132,8 @@ def test_gpu_column_split(case, cfg, device, mode_guard, monkeypatch, subs):
                          dtype=dt, device=device, gen=gen, exact_capacity=seed % 2 == 0)
     q = (6 * torch.randn(len(lens), hq, d, generator=gen)).to(device=device, dtype=dt)
     o = _opts(rng, hq, device, gen)
+    if "logit_cap" in o:  # a cap of 0.5 flattens 4097-key rows below the tolerance (vacuous)
+        o["logit_cap"] = 30.0
     out, lse = _launch_shapes(b, q, part, monkeypatch, **o)
     assert subs and set(subs) == {int(cfg.split(",")[3])}
     _check(b, q, out, lse, lens, 1, tol_key(dt, dt), **o)
