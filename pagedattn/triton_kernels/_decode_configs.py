@@ -49,9 +49,28 @@ MAX_ROWS = 256  # G * Lq rows per program
 SPLIT_COMBINE = (32, 1, 4, 1)
 
 
+def _env_ints(name, n_min, n_max, pow2=(), why=""):
+    """The tuple of positive integers in env ``name`` (None when unset): n_min to n_max of them,
+    those at the positions in ``pow2`` powers of 2. Anything else is a ValueError (before any
+    launch; tl.arange and the layouts need powers of 2)."""
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        vals = tuple(int(x) for x in raw.split(","))
+    except ValueError:
+        vals = ()
+    if not (n_min <= len(vals) <= n_max and min(vals) >= 1
+            and all(vals[i] & (vals[i] - 1) == 0 for i in pow2 if i < len(vals))):
+        raise ValueError(f"{name}={raw!r}: expected {n_min} to {n_max} comma-separated positive "
+                         f"integers{why}")
+    return vals
+
+
 def _combine_config(block_d, n_part_max):
-    env = os.environ.get("PAGEDATTN_DECODE_COMBINE")
-    cfg = tuple(int(x) for x in env.split(",")) if env else SPLIT_COMBINE
+    cfg = _env_ints("PAGEDATTN_DECODE_COMBINE", 1, 4, (0, 1, 2),
+                    " (UNROLL,WARPS[,DSPLIT[,STAGES]]; the first three powers of 2)")
+    cfg = cfg or SPLIT_COMBINE
     unroll, warps, dsplit, stages = (cfg + SPLIT_COMBINE[len(cfg):])[:4]
     # no larger than the longest sequence's partition count: the group loop is unrolled, so
     # neutral rows past it cost time (same bits for any group size); >= 32 columns per program:
@@ -65,9 +84,12 @@ def _next_pow2(n):
 
 
 def _config(block_d, rows, kv_bytes, device):
-    env = os.environ.get("PAGEDATTN_DECODE_CONFIG")  # "BLOCK_N,warps,stages[,SUB]" (tuning)
+    why = " (BLOCK_N,WARPS,STAGES[,SUB]: powers of 2 but STAGES, BLOCK_N >= 16 SUB)"
+    env = _env_ints("PAGEDATTN_DECODE_CONFIG", 3, 4, (0, 1, 3), why)
     if env:
-        return tuple(int(x) for x in env.split(","))
+        if env[0] < 16 * (env[3] if len(env) > 3 else 1):
+            raise ValueError(f"PAGEDATTN_DECODE_CONFIG={env}: expected{why[:-1]}")
+        return env
     fam = _TORCH_TO_FAMILY[bool(getattr(torch.version, "hip", None))]
     bucket = 16 if rows <= 16 else 64 if rows <= 64 else 256
     key = (128 if block_d <= 128 else 256, bucket)

@@ -201,6 +201,7 @@ def run(call):
         sub = 1  # the column split needs whole tiles per partition and 16-key sub-tiles
     n_part_max = max(1, triton.cdiv(call.block_table.shape[1] * bs, part))  # host bound, no sync
     mode = _mode(nb, hkv, dev)
+    c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)  # env checked
     ks, vs = L.k_strides(call.k_cache, call.layout), L.v_strides(call.v_cache, call.layout)
     f32 = dict(dtype=torch.float32, device=dev)
     dummy = torch.empty(1, **f32)  # the pointer of every disabled input/output: never touched
@@ -239,7 +240,6 @@ def run(call):
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
                        sub, common, rec)
     if mode == "split" and n_part_max > 1:
-        c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
         _replay.launch(
             rec, _combine_kernel, (hkv, nb, rows * c_dsplit),
