@@ -13,6 +13,11 @@ step), and from there on everything is the plain kernel's: the one-pass merge, t
 partition states, the combine. Both launch shapes fold the same sub-streams with the same code,
 so batch invariance holds; the bits differ from the plain loop's (another summation order), which
 is why SUB belongs to the per-model config, never to the batch.
+
+Measured slower, kept for A/B runs: H200, session 16 (bench/results/2026-12-02-h200-s16), 32/8
+rows, 0.70-0.81x (64, 4, 3, 4) and 0.85-0.93x (32, 2, 3, 2) the plain loop. Each warp holds a
+whole BLOCK_M x BLOCK_D accumulator (3/4 padding for a group of 4): 255 registers, 2 programs
+per SM.
 """
 import triton
 import triton.language as tl
