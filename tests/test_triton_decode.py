@@ -238,7 +238,8 @@ def test_split_programs_owning_several_partitions_bitwise(device, mode_guard, mo
                                         ("PAGEDATTN_DECODE_CONFIG", "32,4,3,4"),
                                         ("PAGEDATTN_DECODE_CONFIG", "32,4,0"),
                                         ("PAGEDATTN_DECODE_COMBINE", "12,1"),
-                                        ("PAGEDATTN_DECODE_COMBINE", "a,b")])
+                                        ("PAGEDATTN_DECODE_COMBINE", "a,b"),
+                                        ("PAGEDATTN_DECODE_FOLD", "first")])
 def test_decode_tuning_knobs_reject_bad_values(device, mode_guard, monkeypatch, name, value):
     """A tuning knob with a bad value is a clear error before any launch, not a silent default."""
     gen = torch.Generator().manual_seed(5)

@@ -63,7 +63,7 @@ for kv, one_pass, multi in (("bf16", False, False), ("bf16", True, False), ("bf1
     k = compile_one(_decode_kernel, dict(
         common, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, BLOCK_M=16,
         BLOCK_N=tile, PART=512, ONE_BLOCK=bs % tile == 0, ONE_PASS=one_pass, MULTI=multi,
-        SUB=1, LAZY_L=D._lazy_rowsum(16, tile), PDL=not one_pass, CAUSAL=False,
+        SUB=1, LAZY_L=D._lazy_rowsum(16, tile), FOLD=False, PDL=not one_pass, CAUSAL=False,
         HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False,
         IEEE=False, F16_DOT=fp8, HAS_KV_SCALE=fp8), ("scale", "cap"),
         num_warps=fp8_warps if fp8 else warps, num_stages=fp8_stages if fp8 else stages)

@@ -1,7 +1,8 @@
-"""Tile-loop variants of the Triton decode kernel against the oracle, and bitwise across launch
-shapes: the column split (``_decode_cs.py``, config SUB > 1; CPU: the interpreter, SUB 2 on
-32-key tiles; GPU: bf16 at real sizes, SUB 4 and 2) and the row sums summed per tile
-(PAGEDATTN_DECODE_ROWSUM=tile; the CPU tests' small tiles take the lazy sums by default)."""
+"""Variants of the Triton decode kernel against the oracle, and bitwise across launch shapes:
+the column split (``_decode_cs.py``, config SUB > 1; CPU: the interpreter, SUB 2 on 32-key
+tiles; GPU: bf16 at real sizes, SUB 4 and 2), the row sums summed per tile
+(PAGEDATTN_DECODE_ROWSUM=tile; the CPU tests' small tiles take the lazy sums by default) and the
+split launch's in-kernel merge (PAGEDATTN_DECODE_FOLD=last)."""
 import importlib
 import random
 
@@ -110,6 +111,31 @@ def test_row_sums_per_tile_or_lazy(rowsum, device, mode_guard, monkeypatch):
     _check(b, q, out, lse, lens, 2, torch.float32, **o)
 
 
+@pytest.mark.parametrize("ppp", ["1", "3"])
+def test_fold_by_the_last_program_equals_one_pass(ppp, device, mode_guard, monkeypatch):
+    """PAGEDATTN_DECODE_FOLD=last: the split launch merges in the decode kernel (no combine
+    launch), bit for bit the one-pass result, with sequences of one, no and many partitions,
+    partitions wholly before a window, sinks and programs owning several partitions."""
+    gen = torch.Generator().manual_seed(29)
+    lens = [301, 16, 0, 47, 90]
+    b = make_paged_batch(lens, num_kv_heads=2, head_dim=32, block_size=16, layout="bshd",
+                         dtype=torch.float32, device=device, gen=gen)
+    q = torch.randn(5, 4, 32, generator=gen).to(device=device)
+    o = dict(sliding_window=150, sinks=(torch.randn(4, generator=gen) + 2).to(device))
+    one, one_lse = _decode(b, q, mode="one_pass", partition_size=16, return_lse=True, **o)
+    monkeypatch.setenv("PAGEDATTN_DECODE_FOLD", "last")
+    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
+    kernels = []
+    real = R.launch
+    monkeypatch.setattr(R, "launch", lambda rec, jf, *a, **k: (kernels.append(jf.fn.__name__),
+                                                              real(rec, jf, *a, **k))[1])
+    for _ in range(2):  # the counters start from zero again
+        out, lse = _decode(b, q, mode="split", partition_size=16, return_lse=True, **o)
+        assert torch.equal(out, one) and torch.equal(lse, one_lse)
+    assert kernels == ["_decode_kernel"] * 2, kernels
+    _check(b, q, one, one_lse, lens, 1, torch.float32, **o)
+
+
 GPU_CASES = [  # Hq, Hkv, head dim, block size, layout, partition
     (32, 8, 128, 16, "bhsd", None), (32, 8, 128, 64, "vllm", None), (8, 2, 96, 1, "bshd", 256),
     (28, 4, 128, 16, "hcu", 512), (16, 1, 64, 32, "bhsd", None), (8, 1, 128, 8, "bshd", 128),
@@ -137,3 +163,25 @@ def test_gpu_column_split(case, cfg, device, mode_guard, monkeypatch, subs):
     out, lse = _launch_shapes(b, q, part, monkeypatch, **o)
     assert subs and set(subs) == {int(cfg.split(",")[3])}
     _check(b, q, out, lse, lens, 1, tol_key(dt, dt), **o)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ppp", ["1", "auto"])
+def test_gpu_fold_by_the_last_program(ppp, device, mode_guard, monkeypatch):
+    """PAGEDATTN_DECODE_FOLD=last at real sizes (bf16, 32/8, thousands of split programs racing
+    for the counters): bit for bit the one-pass launch, twice in a row."""
+    gen = torch.Generator().manual_seed(37)
+    lens = [32768, 8192, 5001, 1, 700, 512] * 2
+    b = make_paged_batch(lens, num_kv_heads=8, head_dim=128, block_size=16, layout="bhsd",
+                         dtype=torch.bfloat16, device=device, gen=gen)
+    q = (6 * torch.randn(len(lens), 32, 128, generator=gen)).to(device=device,
+                                                                 dtype=torch.bfloat16)
+    one, one_lse = _decode(b, q, mode="one_pass", return_lse=True)
+    monkeypatch.setenv("PAGEDATTN_DECODE_FOLD", "last")
+    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
+    for _ in range(2):
+        out, lse = _decode(b, q, mode="split", return_lse=True)
+        bad = (out != one).any(-1).nonzero()[:5].tolist()
+        assert torch.equal(out, one), f"(seq, head) differing: {bad}"
+        assert torch.equal(lse, one_lse)
+    _check(b, q, one, one_lse, lens, 1, torch.bfloat16)

@@ -148,3 +148,14 @@ def _f16_dot(q_dtype, kv_dtype, device):
     if q_dtype != torch.bfloat16 or kv_dtype not in FP8_DTYPES:
         return False
     return env == "f16" or device.type != "cuda"
+
+
+def _fold_last():
+    """PAGEDATTN_DECODE_FOLD: where a split launch merges its partition states. ``combine``
+    (default): the combine kernel, a second launch; ``last`` (A/B runs): the decode kernel's last
+    program of each (sequence, KV head) to park them (``_decode_state.fold_last``; per-call int32
+    counters, zeroed; the same bits). The Triton kernel only; Gluon launches keep the combine."""
+    env = os.environ.get("PAGEDATTN_DECODE_FOLD", "combine")
+    if env not in ("combine", "last"):
+        raise ValueError(f"PAGEDATTN_DECODE_FOLD: expected combine or last, got {env!r}")
+    return env == "last"

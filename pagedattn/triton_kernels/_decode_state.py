@@ -32,3 +32,36 @@ def park(ws_ml_ptr, ws_o_ptr, row, row_ok, m, l, acc, d, d_mask, D: tl.constexpr
     tl.store(ws_ml_ptr + 2 * row + 1, l, mask=row_ok)
     tl.store(ws_o_ptr + row[:, None] * D + d[None, :], acc,
              mask=row_ok[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def fold_last(cnt_ptr, mine, n_parts, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, d, d_mask,
+              R: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The split launch's in-kernel merge (``decode._fold_last``), after a program parked its
+    ``mine`` partitions of one (sequence, KV head): it adds them to that pair's counter
+    (``cnt_ptr``, int32, 0 between calls); the program whose add completes n_parts merges every
+    parked state in partition order (:func:`merge`: the one-pass arithmetic, so the same bits)
+    and resets the counter. Returns (last, m, l, acc); a neutral state where not last.
+
+    Ordering: the barrier puts every thread's parked stores before the acq_rel add (one thread;
+    cumulative through the barrier), and the last program reads the states through L2 (.cg)
+    after it. No program ever waits on another: the merge is done by whoever finishes last.
+    """
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr, mine, sem="acq_rel", scope="gpu")
+    last = done + mine == n_parts
+    big_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    big_l = tl.zeros((BLOCK_M,), tl.float32)
+    big_a = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    if last:
+        for pp in range(0, n_parts):
+            row = ws_row0 + pp * R + rows
+            m_p = tl.load(ws_ml_ptr + 2 * row, mask=row_ok, other=float("-inf"),
+                          cache_modifier=".cg")
+            l_p = tl.load(ws_ml_ptr + 2 * row + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
+            acc_p = tl.load(ws_o_ptr + row[:, None] * D + d[None, :],
+                            mask=row_ok[:, None] & d_mask[None, :], other=0.0,
+                            cache_modifier=".cg")
+            big_m, big_l, big_a = merge(big_m, big_l, big_a, m_p, l_p, acc_p)
+        tl.store(cnt_ptr, 0)
+    return last, big_m, big_l, big_a

@@ -40,9 +40,10 @@ from pagedattn.dispatch import core as _dispatch
 from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels import _replay
 from pagedattn.triton_kernels._decode_configs import (MAX_ROWS, _combine_config, _config,
-                                                      _f16_dot, _lazy_rowsum, _maxnreg,
-                                                      _next_pow2)
-from pagedattn.triton_kernels._decode_kernels import _combine_kernel, _decode_kernel, gdc_wait
+                                                      _f16_dot, _fold_last, _lazy_rowsum,
+                                                      _maxnreg, _next_pow2)
+from pagedattn.triton_kernels._decode_combine import _combine_kernel
+from pagedattn.triton_kernels._decode_kernels import _decode_kernel, gdc_wait
 
 FORCE_MODE = None  # tests/bench: "one_pass" | "split" | None (rule); env PAGEDATTN_DECODE_MODE
 
@@ -202,6 +203,7 @@ def run(call):
     n_part_max = max(1, triton.cdiv(call.block_table.shape[1] * bs, part))  # host bound, no sync
     mode = _mode(nb, hkv, dev)
     c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)  # env checked
+    fold = _fold_last() and mode == "split" and n_part_max > 1
     ks, vs = L.k_strides(call.k_cache, call.layout), L.v_strides(call.v_cache, call.layout)
     f32 = dict(dtype=torch.float32, device=dev)
     dummy = torch.empty(1, **f32)  # the pointer of every disabled input/output: never touched
@@ -231,15 +233,17 @@ def run(call):
     if mode == "split" and n_part_max > 1:
         ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs, one)
     grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
-    pdl = mode == "split" and n_part_max > 1 and _pdl(dev)
+    fold = fold and gk is None  # Gluon launches keep the combine
+    pdl = mode == "split" and n_part_max > 1 and not fold and _pdl(dev)
     if gk is not None:
         gk.launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max,
                   ppp, mode == "one_pass", pdl, *g_tile, rec=rec)
     else:
         _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max,
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
-                       sub, common, rec)
-    if mode == "split" and n_part_max > 1:
+                       sub, common, rec,
+                       torch.zeros((nb, hkv), dtype=torch.int32, device=dev) if fold else dummy)
+    if mode == "split" and n_part_max > 1 and not fold:
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
         _replay.launch(
             rec, _combine_kernel, (hkv, nb, rows * c_dsplit),
@@ -256,9 +260,9 @@ def run(call):
 
 def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max, ppp,
                    mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages, sub,
-                   common, rec):
+                   common, rec, cnt):
     """The Triton decode kernel (``_decode_kernels._decode_kernel``) on ``grid``; rec: an
-    ``_replay.Recorder`` or None."""
+    ``_replay.Recorder`` or None; cnt: the fold counters (int32 zeros [B, Hkv]) or a dummy."""
     q, o, bs = call.q, call.opts, call.geom.block_size
     lq, hq, d = q4.shape[1], q4.shape[2], q4.shape[3]
     one_block = bs % block_n == 0 and part % block_n == 0
@@ -270,8 +274,8 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         v_scale_ptr=o.v_scale if has_kv_scale else dummy,
         slopes_ptr=o.alibi_slopes if o.alibi_slopes is not None else dummy,
         sinks_ptr=o.sinks if o.sinks is not None else dummy,
-        out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o,
-        scale=float(o.scale), cap=float(o.logit_cap or 1.0),
+        out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, cnt_ptr=cnt,
+        FOLD=cnt.dtype == torch.int32, scale=float(o.scale), cap=float(o.logit_cap or 1.0),
         window=int(o.sliding_window or 0), Hq=hq, LQ=lq, P=n_part_max,
         BT_W=call.block_table.shape[1], PART=part,
         stride_qb=q4.stride(0), stride_qt=q4.stride(1), stride_qh=q4.stride(2),
