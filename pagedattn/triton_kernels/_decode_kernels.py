@@ -1,6 +1,7 @@
-"""The Triton paged-decode kernels: the tile loop, the decode kernel (both launch shapes) and the
-split-KV combine. The launcher, its tile configs and the launch-shape rules: ``decode.py`` (its
-docstring holds the design: grid, partitions, merge order, batch invariance)."""
+"""The Triton paged-decode kernels: the tile loop and the decode kernel (both launch shapes).
+The split-KV combine: ``_decode_combine.py``. The launcher and the launch-shape rules:
+``decode.py`` (its docstring holds the design: grid, partitions, merge order, batch
+invariance); the tile configs: ``_decode_configs.py``."""
 import triton
 import triton.language as tl
 

@@ -25,8 +25,10 @@ on the batch); both launch shapes run the same tile code on the same tiles and t
 the merge. So a sequence's output is bitwise identical whatever else is in the batch and
 whichever launch shape the batch size selects.
 
-This module is the launcher (tile configs, launch-shape rules, workspace); the ``@triton.jit``
-kernels are in ``_decode_kernels.py``. On sm_90 under triton 3.6 a Gluon kernel
+This module is the launcher (launch-shape rules, workspace); the tile configs and tuning knobs
+are in ``_decode_configs.py``, the ``@triton.jit`` kernels in ``_decode_kernels.py`` (tile loop,
+decode kernel), ``_decode_cs.py`` (column split), ``_decode_state.py`` (merge, park, the
+in-kernel fold) and ``_decode_combine.py``. On sm_90 under triton 3.6 a Gluon kernel
 (``_decode_gluon.py``, :func:`variant`) serves MHA calls and calls on pages of >= 64 tokens: the
 same grid, workspace and merge, so it shares the combine and the batch-invariance argument.
 """
