@@ -13,7 +13,7 @@ pages, 2-3 % slower on GQA split rows with 16-token pages (``decode.variant`` pi
 Same grid, partitions, workspace and merge arithmetic as ``_decode_kernels._decode_kernel``
 (``decode.py`` holds the design): grid (Hkv, B, partitions | partition groups | 1); one-pass
 programs fold each partition's state into registers at its last tile with the explicit FMAs of
-``_decode_kernels._merge``; split programs park (m_p, l_p, acc_p) for the Triton combine, which
+``_decode_state.merge``; split programs park (m_p, l_p, acc_p) for the Triton combine, which
 folds them in the same order: outputs are bitwise equal across launch shapes (batch invariance).
 This kernel never serves a call half-way: the gate (:func:`unsupported`) does not depend on the
 batch, so a sequence always runs the same kernel. Split programs let the combine launch early

@@ -147,7 +147,7 @@ def _landed(n: gl.constexpr):
 
 @gluon.jit
 def _fold(big_m, big_l, big_a, m_p, l_p, acc_p, ROW_O: gl.constexpr):
-    """``_decode_kernels._merge`` (the same operations, the same FMAs): fold one partition's
+    """``_decode_state.merge`` (the same operations, the same FMAs): fold one partition's
     state into the running one. m_p, l_p arrive in the S row layout."""
     m_p = gl.convert_layout(m_p, ROW_O)
     l_p = gl.convert_layout(l_p, ROW_O)

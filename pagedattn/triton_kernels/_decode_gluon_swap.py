@@ -56,7 +56,7 @@ def smem_bytes(head_dim: int, block_n: int, ns: int, rows: int, elem: int = 2,
 
 @gluon.jit
 def _fold_t(big_m, big_l, big_a, m_p, l_p, acc_p, COL_O: gl.constexpr):
-    """``_decode_kernels._merge`` on transposed states (acc [D, NQ]; the same FMAs)."""
+    """``_decode_state.merge`` on transposed states (acc [D, NQ]; the same FMAs)."""
     m_p = gl.convert_layout(m_p, COL_O)
     l_p = gl.convert_layout(l_p, COL_O)
     m_new = gl.maximum(big_m, m_p)

@@ -7,7 +7,7 @@ One program per (KV head, sequence[, partition]) computes all G = Hq/Hkv query h
 ``tl.dot``, so each KV byte is read once (§1.4.4). A sequence is cut into partitions of
 PARTITION_SIZE tokens (512; 256 when G > 15; ``partition_size=`` overrides); each partition runs
 the online softmax over KV tiles of BLOCK_N tokens and yields (m_p, l_p, acc_p), and the
-partitions are merged in order by :func:`_merge`, an online merge: with M' = max(M, m_p),
+partitions are merged in order by ``_decode_state.merge``, an online merge: with M' = max(M, m_p),
 L' = L exp2(M - M') + l_p exp2(m_p - M') and likewise for the output accumulator (§1.4.3).
 
 Two launch shapes evaluate exactly this arithmetic:
