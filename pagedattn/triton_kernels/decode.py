@@ -196,16 +196,16 @@ def run(call):
     block_d = max(16, _next_pow2(d))
     block_m = max(16, _next_pow2(rows))
     cfg = _config(block_d, rows, call.k_cache.element_size(), dev)
-    block_n, num_warps, num_stages, sub = (tuple(cfg) + (1,))[:4]
+    block_n, num_warps, num_stages, sub = (cfg + (1,))[:4]
     if dev.type != "cuda":  # interpreter: small tiles so tiny test sequences still span several
-        block_n = 16 * sub if sub > 1 else 16
+        block_n = 16 * sub
     block_n = min(block_n, max(16, part))
     if sub > 1 and (part % block_n or block_n // sub < 16):
         sub = 1  # the column split needs whole tiles per partition and 16-key sub-tiles
     n_part_max = max(1, triton.cdiv(call.block_table.shape[1] * bs, part))  # host bound, no sync
     mode = _mode(nb, hkv, dev)
+    parked = mode == "split" and n_part_max > 1  # partition states go through the workspace
     c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)  # env checked
-    fold = _fold_last() and mode == "split" and n_part_max > 1
     ks, vs = L.k_strides(call.k_cache, call.layout), L.v_strides(call.v_cache, call.layout)
     f32 = dict(dtype=torch.float32, device=dev)
     dummy = torch.empty(1, **f32)  # the pointer of every disabled input/output: never touched
@@ -232,11 +232,11 @@ def run(call):
                 + block_m * block_d * 2)
         warps, regs = num_warps, None
     ppp = 1
-    if mode == "split" and n_part_max > 1:
+    if parked:
         ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs, one)
     grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
-    fold = fold and gk is None  # Gluon launches keep the combine
-    pdl = mode == "split" and n_part_max > 1 and not fold and _pdl(dev)
+    fold = _fold_last() and parked and gk is None  # knob read first: checked; Gluon: combine
+    pdl = parked and not fold and _pdl(dev)
     if gk is not None:
         gk.launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max,
                   ppp, mode == "one_pass", pdl, *g_tile, rec=rec)
@@ -245,7 +245,7 @@ def run(call):
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
                        sub, common, rec,
                        torch.zeros((nb, hkv), dtype=torch.int32, device=dev) if fold else dummy)
-    if mode == "split" and n_part_max > 1 and not fold:
+    if parked and not fold:
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
         _replay.launch(
             rec, _combine_kernel, (hkv, nb, rows * c_dsplit),
