@@ -67,6 +67,16 @@ def _env_ints(name, n_min, n_max, pow2=(), why=""):
     return vals
 
 
+def _env_choice(name, choices, default):
+    """The value of env ``name`` (``default`` when unset), one of ``choices``; anything else is a
+    ValueError before any launch."""
+    raw = os.environ.get(name, default)
+    if raw not in choices:
+        raise ValueError(f"{name}: expected {', '.join(choices[:-1])} or {choices[-1]}, "
+                         f"got {raw!r}")
+    return raw
+
+
 def _combine_config(block_d, n_part_max):
     cfg = _env_ints("PAGEDATTN_DECODE_COMBINE", 1, 4, (0, 1, 2),
                     " (UNROLL,WARPS[,DSPLIT[,STAGES]]; the first three powers of 2)")
@@ -110,9 +120,7 @@ def _lazy_rowsum(block_m, block_n):
     """PAGEDATTN_DECODE_ROWSUM: ``lazy`` keeps the row sums per key lane until a partition ends
     (``_decode_kernels._attend``: one cross-warp step per tile, not two), ``tile`` sums each
     tile; ``auto`` (default): lazy for tiles of <= 512 logits (4 more registers per thread)."""
-    env = os.environ.get("PAGEDATTN_DECODE_ROWSUM", "auto")
-    if env not in ("auto", "lazy", "tile"):
-        raise ValueError(f"PAGEDATTN_DECODE_ROWSUM: expected auto, lazy or tile, got {env!r}")
+    env = _env_choice("PAGEDATTN_DECODE_ROWSUM", ("auto", "lazy", "tile"), "auto")
     return env == "lazy" or (env == "auto" and block_m * block_n <= 512)
 
 
@@ -142,9 +150,7 @@ def _f16_dot(q_dtype, kv_dtype, device):
     session 9 (bench/results/2026-12-01-h200-s9): 1.04-1.17x faster on every 32/8 issue row, e5m2
     and e4m3, at the same tiles.
     """
-    env = os.environ.get("PAGEDATTN_DECODE_FP8_DOT", "f16")
-    if env not in ("f16", "bf16"):
-        raise ValueError(f"PAGEDATTN_DECODE_FP8_DOT: expected f16 or bf16, got {env!r}")
+    env = _env_choice("PAGEDATTN_DECODE_FP8_DOT", ("f16", "bf16"), "f16")
     if q_dtype != torch.bfloat16 or kv_dtype not in FP8_DTYPES:
         return False
     return env == "f16" or device.type != "cuda"
@@ -155,7 +161,4 @@ def _fold_last():
     (default): the combine kernel, a second launch; ``last`` (A/B runs): the decode kernel's last
     program of each (sequence, KV head) to park them (``_decode_state.fold_last``; per-call int32
     counters, zeroed; the same bits). The Triton kernel only; Gluon launches keep the combine."""
-    env = os.environ.get("PAGEDATTN_DECODE_FOLD", "combine")
-    if env not in ("combine", "last"):
-        raise ValueError(f"PAGEDATTN_DECODE_FOLD: expected combine or last, got {env!r}")
-    return env == "last"
+    return _env_choice("PAGEDATTN_DECODE_FOLD", ("combine", "last"), "combine") == "last"
