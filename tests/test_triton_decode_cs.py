@@ -12,28 +12,26 @@ import torch
 from attn_utils import make_paged_batch, tol_key
 from test_triton_decode import _check, _decode, _opts
 
-PD = importlib.import_module("pagedattn.triton_kernels.decode")
 R = importlib.import_module("pagedattn.triton_kernels._replay")
 
 
 @pytest.fixture
-def mode_guard():
-    yield
-    PD.FORCE_MODE = None
-
-
-@pytest.fixture
-def subs(monkeypatch):
-    """The SUB value of every decode kernel launch (the launcher may fall back to 1)."""
+def launches(monkeypatch):
+    """(kernel name, keyword arguments) of every launch of the decode launcher (through
+    ``_replay.launch``). _decode resets the forced launch shape itself (no mode guard needed)."""
     seen = []
     real = R.launch
 
     def spy(rec, jf, grid, *args, **kwargs):
-        if "SUB" in kwargs:
-            seen.append(kwargs["SUB"])
+        seen.append((jf.fn.__name__, kwargs))
         return real(rec, jf, grid, *args, **kwargs)
     monkeypatch.setattr(R, "launch", spy)
     return seen
+
+
+def _subs(launches):
+    """The SUB value of every decode kernel launch (the launcher may fall back to 1)."""
+    return {k["SUB"] for name, k in launches if name == "_decode_kernel"}
 
 
 def _launch_shapes(b, q, part, monkeypatch, **o):
@@ -58,8 +56,7 @@ CPU_CASES = [  # layout, block size, Hq, Hkv, head dim, q_len, dtype, options
 
 
 @pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: f"{c[0]}-bs{c[1]}-{c[7]}")
-def test_column_split_matches_oracle_and_launch_shapes(case, device, mode_guard, monkeypatch,
-                                                        subs):
+def test_column_split_matches_oracle_and_launch_shapes(case, device, monkeypatch, launches):
     layout, bs, hq, hkv, d, q_len, dt, kind = case
     monkeypatch.setenv("PAGEDATTN_DECODE_CONFIG", "32,2,2,2")  # interpreter: 32-key tiles
     gen = torch.Generator().manual_seed(CPU_CASES.index(case))
@@ -77,12 +74,11 @@ def test_column_split_matches_oracle_and_launch_shapes(case, device, mode_guard,
         o = dict(sliding_window=40, logit_cap=5.0, alibi_slopes=torch.rand(hq, generator=gen)
                  .to(device), sinks=(torch.randn(hq, generator=gen) * 2).to(device))
     out, lse = _launch_shapes(b, q, 32, monkeypatch, **o)
-    assert subs and set(subs) == {2}, f"the column split did not run: SUB {set(subs)}"
+    assert _subs(launches) == {2}, f"the column split did not run: SUB {_subs(launches)}"
     _check(b, q, out, lse, lens, q_len, tol_key(dt, dt), **o)
 
 
-def test_column_split_falls_back_where_tiles_cross_partitions(device, mode_guard, monkeypatch,
-                                                             subs):
+def test_column_split_falls_back_where_tiles_cross_partitions(device, monkeypatch, launches):
     """Partitions of 16 keys cannot hold a 32-key tile: the plain loop runs, still correct."""
     monkeypatch.setenv("PAGEDATTN_DECODE_CONFIG", "32,2,2,2")
     gen = torch.Generator().manual_seed(3)
@@ -91,12 +87,12 @@ def test_column_split_falls_back_where_tiles_cross_partitions(device, mode_guard
                          dtype=torch.float32, device=device, gen=gen)
     q = torch.randn(2, 4, 32, generator=gen).to(device)
     out, lse = _launch_shapes(b, q, 16, monkeypatch)
-    assert subs and set(subs) == {1}
+    assert _subs(launches) == {1}
     _check(b, q, out, lse, lens, 1, torch.float32)
 
 
 @pytest.mark.parametrize("rowsum", ["tile", "lazy"])
-def test_row_sums_per_tile_or_lazy(rowsum, device, mode_guard, monkeypatch):
+def test_row_sums_per_tile_or_lazy(rowsum, device, monkeypatch):
     """Both ways of keeping the row sums (``decode._lazy_rowsum``), with a window, sinks and
     ALiBi over many partitions, several query tokens, both launch shapes."""
     monkeypatch.setenv("PAGEDATTN_DECODE_ROWSUM", rowsum)
@@ -112,7 +108,7 @@ def test_row_sums_per_tile_or_lazy(rowsum, device, mode_guard, monkeypatch):
 
 
 @pytest.mark.parametrize("ppp", ["1", "3"])
-def test_fold_by_the_last_program_equals_one_pass(ppp, device, mode_guard, monkeypatch):
+def test_fold_by_the_last_program_equals_one_pass(ppp, device, monkeypatch, launches):
     """PAGEDATTN_DECODE_FOLD=last: the split launch merges in the decode kernel (no combine
     launch), bit for bit the one-pass result, with sequences of one, no and many partitions,
     partitions wholly before a window, sinks and programs owning several partitions."""
@@ -125,13 +121,11 @@ def test_fold_by_the_last_program_equals_one_pass(ppp, device, mode_guard, monke
     one, one_lse = _decode(b, q, mode="one_pass", partition_size=16, return_lse=True, **o)
     monkeypatch.setenv("PAGEDATTN_DECODE_FOLD", "last")
     monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
-    kernels = []
-    real = R.launch
-    monkeypatch.setattr(R, "launch", lambda rec, jf, *a, **k: (kernels.append(jf.fn.__name__),
-                                                              real(rec, jf, *a, **k))[1])
+    launches.clear()  # the one-pass reference's launch
     for _ in range(2):  # the counters start from zero again
         out, lse = _decode(b, q, mode="split", partition_size=16, return_lse=True, **o)
         assert torch.equal(out, one) and torch.equal(lse, one_lse)
+    kernels = [name for name, _ in launches]
     assert kernels == ["_decode_kernel"] * 2, kernels
     _check(b, q, one, one_lse, lens, 1, torch.float32, **o)
 
@@ -145,7 +139,7 @@ GPU_CASES = [  # Hq, Hkv, head dim, block size, layout, partition
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", ["64,4,3,4", "32,2,3,2"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"{c[0]}-{c[1]}-d{c[2]}-bs{c[3]}")
-def test_gpu_column_split(case, cfg, device, mode_guard, monkeypatch, subs):
+def test_gpu_column_split(case, cfg, device, monkeypatch, launches):
     """bf16 (the interpreter's bf16 dot is wrong) and fp16 at real sizes: ragged lengths from 1
     to 9000 around block and tile multiples, options; bitwise across launch shapes."""
     hq, hkv, d, bs, layout, part = case
@@ -161,13 +155,13 @@ def test_gpu_column_split(case, cfg, device, mode_guard, monkeypatch, subs):
     if "logit_cap" in o:  # a cap of 0.5 flattens 4097-key rows below the tolerance (vacuous)
         o["logit_cap"] = 30.0
     out, lse = _launch_shapes(b, q, part, monkeypatch, **o)
-    assert subs and set(subs) == {int(cfg.split(",")[3])}
+    assert _subs(launches) == {int(cfg.split(",")[3])}
     _check(b, q, out, lse, lens, 1, tol_key(dt, dt), **o)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("ppp", ["1", "auto"])
-def test_gpu_fold_by_the_last_program(ppp, device, mode_guard, monkeypatch):
+def test_gpu_fold_by_the_last_program(ppp, device, monkeypatch):
     """PAGEDATTN_DECODE_FOLD=last at real sizes (bf16, 32/8, thousands of split programs racing
     for the counters): bit for bit the one-pass launch, twice in a row."""
     gen = torch.Generator().manual_seed(37)
