@@ -6,7 +6,7 @@ combine kernel's span, the gap from the decode's end to the combine's end, and t
 previous call's last kernel to this call's decode start. Medians over the replayed calls.
 
 usage: python3 scripts/decode_graph_trace.py [--shapes "1,32768;8,8192"] [--heads 32/8]
-       [--blocks 16,64]
+       [--blocks 16,64] [--backends triton,hip]
 """
 import argparse
 import statistics
@@ -24,13 +24,13 @@ def _kernels(prof):
     return sorted(((e.time_range.start, e.time_range.end, e.name) for e in evs))
 
 
-def trace(batch, ctx, hq, hkv, block, calls=10, replays=5):
+def trace(batch, ctx, hq, hkv, block, backend="triton", calls=10, replays=5):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, kc, vc, table, lens = _case(batch, ctx, hq, hkv, block, torch.bfloat16, "cuda", gen)
     out = torch.empty_like(q)
 
     def call():
-        pa.paged_decode(q, kc, vc, table, lens, backend="triton", out=out, validate=False)
+        pa.paged_decode(q, kc, vc, table, lens, backend=backend, out=out, validate=False)
     for _ in range(3):
         call()
     torch.cuda.synchronize()
@@ -72,17 +72,19 @@ def main():
     ap.add_argument("--shapes", default="1,32768;8,8192")
     ap.add_argument("--heads", default="32/8")
     ap.add_argument("--blocks", default="16,64")
+    ap.add_argument("--backends", default="triton")
     a = ap.parse_args()
     hq, hkv = (int(x) for x in a.heads.split("/"))
-    print("| heads | block | batch | ctx | decode us | combine span us (PDL: starts early, waits)"
+    print("| backend | heads | block | batch | ctx | decode us | combine span us (PDL: starts early, waits)"
           " | decode end -> call end us"
           " | launch gap us | call us (gap + span) | kernels |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in a.shapes.split(";"):
         b, ctx = (int(x) for x in shape.split(","))
-        for bs in (int(x) for x in a.blocks.split(",")):
-            r, names = trace(b, ctx, hq, hkv, bs)
-            print(f"| {hq}/{hkv} | {bs} | {b} | {ctx} | {r['decode']:.2f} | {r['combine']:.2f}"
+        for bs, be in ((int(x), be) for x in a.blocks.split(",")
+                       for be in a.backends.split(",")):
+            r, names = trace(b, ctx, hq, hkv, bs, be)
+            print(f"| {be} | {hq}/{hkv} | {bs} | {b} | {ctx} | {r['decode']:.2f} | {r['combine']:.2f}"
                   f" | {r['decode end -> call end']:.2f} | {r['launch gap']:.2f}"
                   f" | {r['call']:.2f} | {', '.join(names)} |", flush=True)
 
