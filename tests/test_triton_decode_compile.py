@@ -21,8 +21,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from pagedattn.triton_kernels import _decode_configs as D
 from pagedattn.triton_kernels.decode import _combine_kernel, _decode_kernel
+from gluon_offline import resource_usage
 
-INT_PTRS = ("block_table_ptr", "seq_lens_ptr")
+INT_PTRS = ("block_table_ptr", "seq_lens_ptr", "cnt_ptr")
 DATA_PTRS = ("q_ptr", "k_ptr", "v_ptr", "out_ptr")
 KV_TYPE = "bf16"
 
@@ -55,15 +56,19 @@ bn, warps, stages = D._CONFIGS["nvidia"][(128, 16)]  # the launcher's tiles for 
 fp8_bn, fp8_warps, fp8_stages = D._FP8_CONFIGS[("nvidia", (128, 16))]
 # bf16 caches in all three launch shapes; an e4m3 cache one-pass with fp16 dots (F16_DOT) on the
 # launcher's fp8 tiles
-for kv, one_pass, multi in (("bf16", False, False), ("bf16", True, False), ("bf16", False, True),
-                            ("fp8e4nv", True, False)):
+# (PAGEDATTN_DECODE_FOLD=last: the split launches merging in the kernel, the launcher's group)
+fold_r, fold_u = D._fold_tile(4, 128, warps, 64)
+for kv, one_pass, multi, fold in (("bf16", False, False, False), ("bf16", True, False, False),
+                                  ("bf16", False, True, False), ("fp8e4nv", True, False, False),
+                                  ("bf16", False, False, True), ("bf16", False, True, True)):
     KV_TYPE = kv
     fp8 = kv != "bf16"
     tile = fp8_bn if fp8 else bn
     k = compile_one(_decode_kernel, dict(
         common, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, BLOCK_M=16,
         BLOCK_N=tile, PART=512, ONE_BLOCK=bs % tile == 0, ONE_PASS=one_pass, MULTI=multi,
-        SUB=1, LAZY_L=D._lazy_rowsum(16, tile), FOLD=False, PDL=not one_pass, CAUSAL=False,
+        SUB=1, LAZY_L=D._lazy_rowsum(16, tile), FOLD=fold, FOLD_R=fold_r if fold else 1,
+        FOLD_UNROLL=fold_u if fold else 1, PDL=not (one_pass or fold), CAUSAL=False,
         HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False,
         IEEE=False, F16_DOT=fp8, HAS_KV_SCALE=fp8), ("scale", "cap"),
         num_warps=fp8_warps if fp8 else warps, num_stages=fp8_stages if fp8 else stages)
@@ -71,6 +76,11 @@ for kv, one_pass, multi in (("bf16", False, False), ("bf16", True, False), ("bf1
     assert waits and max(waits) >= 1, f"{kv}: K/V copies never overlap across tiles: {waits}"
     if fp8:  # the dots take fp16 operands (F16_DOT), not bf16 (more conversion instructions)
         assert "xf16" in k.asm["ttgir"], "fp8 cache: the dots do not run in fp16"
+    assert ("atom.global.gpu.acq_rel.add" in k.asm["ptx"]) == fold
+    res = resource_usage(k)
+    if fold and res is not None:  # the merge's group stays in registers: 4 programs per SM
+        regs = int(re.search(r"REG:(\d+)", res).group(1))
+        assert re.search(r"STACK:0\b", res) and regs <= 128, res
 KV_TYPE = "bf16"
 unroll, warps, dsplit, c_stages = D.SPLIT_COMBINE
 k = compile_one(_combine_kernel, dict(common, UNROLL=unroll, DSPLIT=dsplit, C_STAGES=c_stages,

@@ -13,6 +13,7 @@ from attn_utils import make_paged_batch, tol_key
 from test_triton_decode import _check, _decode, _opts
 
 R = importlib.import_module("pagedattn.triton_kernels._replay")
+decode = importlib.import_module("pagedattn.triton_kernels.decode")
 
 
 @pytest.fixture
@@ -107,11 +108,13 @@ def test_row_sums_per_tile_or_lazy(rowsum, device, monkeypatch):
     _check(b, q, out, lse, lens, 2, torch.float32, **o)
 
 
-@pytest.mark.parametrize("ppp", ["1", "3"])
-def test_fold_by_the_last_program_equals_one_pass(ppp, device, monkeypatch, launches):
+@pytest.mark.parametrize("ppp,unroll", [("1", None), ("3", 4)])
+def test_fold_by_the_last_program_equals_one_pass(ppp, unroll, device, monkeypatch, launches):
     """PAGEDATTN_DECODE_FOLD=last: the split launch merges in the decode kernel (no combine
     launch), bit for bit the one-pass result, with sequences of one, no and many partitions,
-    partitions wholly before a window, sinks and programs owning several partitions."""
+    partitions wholly before a window, sinks and programs owning several partitions; the merge
+    loads all 19 states of the longest sequence in one group (the launcher's size) or in groups
+    of 4, the last one partial."""
     gen = torch.Generator().manual_seed(29)
     lens = [301, 16, 0, 47, 90]
     b = make_paged_batch(lens, num_kv_heads=2, head_dim=32, block_size=16, layout="bshd",
@@ -121,12 +124,17 @@ def test_fold_by_the_last_program_equals_one_pass(ppp, device, monkeypatch, laun
     one, one_lse = _decode(b, q, mode="one_pass", partition_size=16, return_lse=True, **o)
     monkeypatch.setenv("PAGEDATTN_DECODE_FOLD", "last")
     monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
+    if unroll:
+        tile = decode._fold_tile
+        monkeypatch.setattr(decode, "_fold_tile", lambda *a: (tile(*a)[0], unroll))
     launches.clear()  # the one-pass reference's launch
     for _ in range(2):  # the counters start from zero again
         out, lse = _decode(b, q, mode="split", partition_size=16, return_lse=True, **o)
         assert torch.equal(out, one) and torch.equal(lse, one_lse)
     kernels = [name for name, _ in launches]
     assert kernels == ["_decode_kernel"] * 2, kernels
+    groups = {k["FOLD_UNROLL"] for _, k in launches}
+    assert groups == {4} if unroll else min(groups) >= 19, groups
     _check(b, q, one, one_lse, lens, 1, torch.float32, **o)
 
 

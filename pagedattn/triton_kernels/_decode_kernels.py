@@ -196,7 +196,8 @@ def _decode_kernel(
         LAZY_L: tl.constexpr, PDL: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
         HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
         HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
-        F16_DOT: tl.constexpr, FOLD: tl.constexpr):
+        F16_DOT: tl.constexpr, FOLD: tl.constexpr, FOLD_R: tl.constexpr,
+        FOLD_UNROLL: tl.constexpr):
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
     if PDL:  # the combine launch may start now; it waits for this grid before reading
@@ -295,10 +296,16 @@ def _decode_kernel(
             mine = 1  # partitions this program parked
             if MULTI:
                 mine = tl.minimum(p + PPP, n_parts) - p
-            last, m, l, acc = fold_last(cnt_ptr + s * tl.num_programs(0) + h, mine, n_parts,
-                                        ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, d, d_mask, R,
-                                        D, BLOCK_M, BLOCK_D)
+            # over its own FOLD_R >= R rows (not the dot's 16): FOLD_UNROLL states per round trip
+            last, fm, fl, facc = fold_last(cnt_ptr + s * tl.num_programs(0) + h, mine, n_parts,
+                                           ws_ml_ptr, ws_o_ptr, ws_row0, d, d_mask, R, D,
+                                           FOLD_R, BLOCK_D, FOLD_UNROLL)
             if last:
-                o, lse2 = finalize_state(m, l, acc, sink, HAS_SINK)
-                _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok, d_mask,
-                            v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
+                rr = tl.arange(0, FOLD_R)
+                sink_r = tl.zeros((FOLD_R,), tl.float32)
+                if HAS_SINK:
+                    sink_r = tl.load(sinks_ptr + h * G + rr % G, mask=rr < R, other=0.0)
+                fo, flse2 = finalize_state(fm, fl, facc, sink_r, HAS_SINK)
+                _store_rows(out_ptr, lse_ptr, fo, flse2, s, rr // G, h * G + rr % G, d, rr < R,
+                            rr < R, d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh,
+                            RETURN_LSE)

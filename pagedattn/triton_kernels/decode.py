@@ -42,8 +42,8 @@ from pagedattn.dispatch import core as _dispatch
 from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels import _replay
 from pagedattn.triton_kernels._decode_configs import (MAX_ROWS, _combine_config, _config,
-                                                      _f16_dot, _fold_last, _lazy_rowsum,
-                                                      _maxnreg, _next_pow2)
+                                                      _f16_dot, _fold_last, _fold_tile,
+                                                      _lazy_rowsum, _maxnreg, _next_pow2)
 from pagedattn.triton_kernels._decode_combine import _combine_kernel
 from pagedattn.triton_kernels._decode_kernels import _decode_kernel, gdc_wait
 
@@ -268,6 +268,9 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
     q, o, bs = call.q, call.opts, call.geom.block_size
     lq, hq, d = q4.shape[1], q4.shape[2], q4.shape[3]
     one_block = bs % block_n == 0 and part % block_n == 0
+    fold = cnt.dtype == torch.int32
+    fold_r, fold_u = _fold_tile(common["R"], common["BLOCK_D"], num_warps, n_part_max) \
+        if fold else (1, 1)
     _replay.launch(
         rec, _decode_kernel, grid,
         q_ptr=q4, k_ptr=call.k_cache, v_ptr=call.v_cache, block_table_ptr=call.block_table,
@@ -277,7 +280,8 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         slopes_ptr=o.alibi_slopes if o.alibi_slopes is not None else dummy,
         sinks_ptr=o.sinks if o.sinks is not None else dummy,
         out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, cnt_ptr=cnt,
-        FOLD=cnt.dtype == torch.int32, scale=float(o.scale), cap=float(o.logit_cap or 1.0),
+        FOLD=fold, FOLD_R=fold_r, FOLD_UNROLL=fold_u, scale=float(o.scale),
+        cap=float(o.logit_cap or 1.0),
         window=int(o.sliding_window or 0), Hq=hq, LQ=lq, P=n_part_max,
         BT_W=call.block_table.shape[1], PART=part,
         stride_qb=q4.stride(0), stride_qt=q4.stride(1), stride_qh=q4.stride(2),
