@@ -81,7 +81,7 @@ def main():
                 best = (f"{mode} partition {part}", cfg, graph, frac)
         print(f"BEST B={b} ctx={ctx}: {best[0]} cfg {best[1]} {best[2]:.1f} us "
               f"(graph) = {best[3]:.3f} of read bandwidth", flush=True)
-        del kc, vc
+        kc = vc = None  # free the case's cache before the next
     os.environ.pop("PAGEDATTN_DECODE_CONFIG", None)
     os.environ.pop("PAGEDATTN_DECODE_MODE", None)
     os.environ.pop("PAGEDATTN_DECODE_COMBINE", None)

@@ -542,6 +542,20 @@ def test_extend_masked_tile_knob(monkeypatch):
             C.masked_tile(cfg)
 
 
+def test_extend_config_knob(monkeypatch):
+    """PAGEDATTN_EXTEND_CONFIG: whole tile configs pass; junk raises before any launch."""
+    from pagedattn.triton_kernels import _extend_configs as C
+    monkeypatch.delenv("PAGEDATTN_EXTEND_CONFIG", raising=False)
+    assert C.config_override() is None
+    monkeypatch.setenv("PAGEDATTN_EXTEND_CONFIG", "128,128,8,2,0,0,64")
+    assert C.config_override() == C.TileConfig(128, 128, 8, 2, block_nm=64)
+    for bad in ("48,64,4,2", "64,8,4,2", "64,64,3,2", "64,64,4,0", "64,64,4", "64,64,4,2,0,0,24",
+                "64,64,4,2,-1", "x", "64,64,4,2,0,0,64,1"):
+        monkeypatch.setenv("PAGEDATTN_EXTEND_CONFIG", bad)
+        with pytest.raises(ValueError, match="PAGEDATTN_EXTEND_CONFIG"):
+            C.config_override()
+
+
 def test_extend_maxnreg_knob(monkeypatch):
     """PAGEDATTN_EXTEND_MAXNREG: validated before any launch; never passed to the interpreter."""
     from pagedattn.triton_kernels import _extend_configs as C

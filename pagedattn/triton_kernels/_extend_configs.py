@@ -97,14 +97,27 @@ def default_config(device: torch.device, head_dim_p: int, group_p: int,
 
 
 def config_override() -> "TileConfig | None":
-    """``PAGEDATTN_EXTEND_CONFIG=BLOCK_M,BLOCK_N,WARPS,STAGES`` (A/B runs): replaces the default."""
+    """``PAGEDATTN_EXTEND_CONFIG=BLOCK_M,BLOCK_N,WARPS,STAGES[,WAVES_PER_EU,NONKDIM,BLOCK_NM]``
+    (A/B runs): replaces the default. BLOCK_M, BLOCK_N (and BLOCK_NM unless 0) powers of 2 >= 16
+    (tl.dot), WARPS a power of 2, STAGES >= 1, the AMD fields >= 0; anything else is a
+    ValueError before any launch (not a compile error)."""
     raw = os.environ.get("PAGEDATTN_EXTEND_CONFIG", "")
     if not raw:
         return None
     try:
-        return TileConfig(*(int(x) for x in raw.split(",")))
-    except (TypeError, ValueError):
-        raise ValueError(f"PAGEDATTN_EXTEND_CONFIG={raw!r}: expected BLOCK_M,BLOCK_N,WARPS,STAGES")
+        v = tuple(int(x) for x in raw.split(","))
+    except ValueError:
+        v = ()
+
+    def pow2(n, lo):
+        return n >= lo and n & (n - 1) == 0
+    if not (4 <= len(v) <= 7 and pow2(v[0], 16) and pow2(v[1], 16) and pow2(v[2], 1)
+            and v[3] >= 1 and min(v[4:6], default=0) >= 0
+            and (len(v) < 7 or v[6] == 0 or pow2(v[6], 16))):
+        raise ValueError(f"PAGEDATTN_EXTEND_CONFIG={raw!r}: expected BLOCK_M,BLOCK_N,WARPS,STAGES"
+                         "[,WAVES_PER_EU,NONKDIM,BLOCK_NM] (BLOCK_M, BLOCK_N, BLOCK_NM powers of "
+                         "2 >= 16, WARPS a power of 2, STAGES >= 1)")
+    return TileConfig(*v)
 
 
 def masked_tile(cfg: TileConfig) -> int:
