@@ -75,8 +75,8 @@ def main():
     ap.add_argument("--backends", default="triton")
     a = ap.parse_args()
     hq, hkv = (int(x) for x in a.heads.split("/"))
-    print("| backend | heads | block | batch | ctx | decode us | combine span us (PDL: starts early, waits)"
-          " | decode end -> call end us"
+    print("| backend | heads | block | batch | ctx | decode us"
+          " | combine span us (PDL: starts early, waits) | decode end -> call end us"
           " | launch gap us | call us (gap + span) | kernels |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in a.shapes.split(";"):
@@ -84,9 +84,10 @@ def main():
         for bs, be in ((int(x), be) for x in a.blocks.split(",")
                        for be in a.backends.split(",")):
             r, names = trace(b, ctx, hq, hkv, bs, be)
-            print(f"| {be} | {hq}/{hkv} | {bs} | {b} | {ctx} | {r['decode']:.2f} | {r['combine']:.2f}"
-                  f" | {r['decode end -> call end']:.2f} | {r['launch gap']:.2f}"
-                  f" | {r['call']:.2f} | {', '.join(names)} |", flush=True)
+            print(f"| {be} | {hq}/{hkv} | {bs} | {b} | {ctx} | {r['decode']:.2f}"
+                  f" | {r['combine']:.2f} | {r['decode end -> call end']:.2f}"
+                  f" | {r['launch gap']:.2f} | {r['call']:.2f} | {', '.join(names)} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

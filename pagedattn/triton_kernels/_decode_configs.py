@@ -172,9 +172,9 @@ def _fold_tile(rows, block_d, num_warps, n_part_max):
     """(rows, states per round trip) of the in-kernel merge (``_decode_state.fold_last``): the
     group's own rows (a power of 2 >= rows, not the dot's 16), and as many states per round trip
     as keep ~64 of their values in each thread's registers (the decode loop's are free by then;
-    offline, sm_90, triton 3.6, 32/8 D 128: 16 states, 96 registers, the kernel's count stays
-    104), no more than the longest sequence's partition count (states past it are neutral,
-    loaded for nothing)."""
+    offline, sm_90, triton 3.6, 32/8 D 128, 16 states: 96-128 registers, still 4 programs per
+    SM; the compile tier checks <= 128 and no spills), no more than the longest sequence's
+    partition count (states past it are neutral, loaded for nothing)."""
     block_r = _next_pow2(rows)
     per_state = max(1, block_r * block_d // (32 * num_warps))  # acc elements per thread
     return block_r, max(1, min(64 // per_state, _next_pow2(n_part_max)))
