@@ -16,8 +16,11 @@ with CUDA events around it (decode kernel + combine), and compared with the kern
   persists across calls (correlation of per-SM mean loop times between calls): persistent,
   position-bound rates would argue for handing out work dynamically.
 
+HIP (``--backend hip``): the column-split kernel stamps slots 0-4 the same way in a build with
+PAGEDATTN_HIP_TIMELINE=1 (set here before the first build; its own cached build); no cycle counts.
+
 Usage: python scripts/decode_timeline.py [--batch 1] [--ctx 32768] [--heads 32/8] [--block 16]
-[--mode split|one_pass]
+[--mode split|one_pass] [--backend gluon|hip]
 """
 import argparse
 import os
@@ -43,34 +46,43 @@ def main(argv=None):
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--mode", default=None, choices=["split", "one_pass"])
     ap.add_argument("--calls", type=int, default=5, help="timed calls (each reported)")
+    ap.add_argument("--backend", default="gluon", choices=["gluon", "hip"])
     args = ap.parse_args(argv)
     os.environ["PAGEDATTN_DECODE_VARIANT"] = "gluon"
+    os.environ["PAGEDATTN_HIP_TIMELINE"] = "1"
     if args.mode:
         os.environ["PAGEDATTN_DECODE_MODE"] = args.mode
+        os.environ["PAGEDATTN_HIP_DECODE_MODE"] = args.mode
     import torch
 
     import pagedattn as pa
     from pagedattn.triton_kernels import decode as PD
 
-    G = PD.gluon_kernel()
-    if G is None or not G.is_sm90(torch.device("cuda")):
-        sys.exit("needs an sm_90 GPU and triton " + PD.GLUON_TRITON)
+    if args.backend == "hip":
+        from pagedattn import hip_kernels as G  # G.TIMELINE: the stamps' tensor, 8 per block
+        stamps_per = 8
+    else:
+        G = PD.gluon_kernel()
+        if G is None or not G.is_sm90(torch.device("cuda")):
+            sys.exit("needs an sm_90 GPU and triton " + PD.GLUON_TRITON)
+        stamps_per = G.STAMPS
     hq, hkv = (int(x) for x in args.heads.split("/"))
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, table, lens = _case(args.batch, args.ctx, hq, hkv, args.block, torch.bfloat16,
                                  "cuda", gen)
     out = torch.empty_like(q)
     nbytes = 2 * args.batch * args.ctx * hkv * q.shape[-1] * k.element_size()
-    call = lambda: pa.paged_decode(q, k, v, table, lens, out=out, validate=False)  # noqa: E731
-    stamps = torch.zeros(G.STAMPS << 16, dtype=torch.int64, device="cuda")
+    call = lambda: pa.paged_decode(q, k, v, table, lens, out=out, validate=False,  # noqa: E731
+                                   backend="hip" if args.backend == "hip" else "triton")
+    stamps = torch.zeros(stamps_per << 16, dtype=torch.int64, device="cuda")
     G.TIMELINE = stamps
     per_sm = []  # per call: {SM id: mean loop time}
     try:
         for _ in range(3):
             call()
         torch.cuda.synchronize()
-        print(f"# decode timeline: batch {args.batch} ctx {args.ctx} heads {args.heads} "
-              f"block {args.block}, {nbytes / 1e6:.1f} MB of K/V; us")
+        print(f"# decode timeline ({args.backend}): batch {args.batch} ctx {args.ctx} heads "
+              f"{args.heads} block {args.block}, {nbytes / 1e6:.1f} MB of K/V; us")
         for i in range(args.calls):
             stamps.zero_()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -79,7 +91,7 @@ def main(argv=None):
             call()
             e.record()
             e.synchronize()
-            t = stamps.view(-1, G.STAMPS)
+            t = stamps.view(-1, stamps_per)
             t = t[t[:, 0] > 0]
             work = t[t[:, 1] > 0]  # programs that had a tile
             t0 = t[:, 0].min()

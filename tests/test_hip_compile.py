@@ -102,17 +102,17 @@ def test_nvcc(arch, tmp_path):
 @pytest.mark.parametrize("switch", ["-DPK_DECODE_PIPELINE=0", "-DPK_DECODE_COLSPLIT=0",
                                     "-DPK_DECODE_COLSPLIT=0 -DPK_DECODE_SMALL_TILE=1",
                                     "-DPK_CS_SWIZZLE=0", "-DPK_CS_STAGES=3",
-                                    "-DPK_DECODE_SWIZZLE=0"])
+                                    "-DPK_DECODE_SWIZZLE=0", "-DPK_TIMELINE=1"])
 def test_nvcc_build_switch_variants(switch, tmp_path):
     """The register-path fallback (PAGEDATTN_HIP_DECODE_PIPELINE=0), attn_kernel's pipeline for
     every group (PAGEDATTN_HIP_DECODE_COLSPLIT=0), its 2-wave 32-token form
     (PAGEDATTN_HIP_DECODE_SMALL_TILE=1, no spills) and the column split's padded K/V rows
-    (PAGEDATTN_HIP_DECODE_SWIZZLE=0), its 3-stage depth (PAGEDATTN_HIP_DECODE_CS_STAGES=3) and
-    attn_kernel's pipeline on padded rows (PAGEDATTN_HIP_DECODE_PIPE_SWIZZLE=0) still build for
-    sm_90a."""
+    (PAGEDATTN_HIP_DECODE_SWIZZLE=0), its 3-stage depth (PAGEDATTN_HIP_DECODE_CS_STAGES=3), its
+    timeline stamps (PAGEDATTN_HIP_TIMELINE=1) and attn_kernel's pipeline on padded rows
+    (PAGEDATTN_HIP_DECODE_PIPE_SWIZZLE=0) still build for sm_90a."""
     r = _nvcc("sm_90a", tmp_path, *switch.split())
     decode = {n: v for n, v in _ptxas_entries(r.stderr).items() if DECODE16.search(n)}
-    assert len(decode) == (16 if "PK_CS_" in switch or "PK_DECODE_SWIZZLE" in switch else 12)
+    assert len(decode) == (12 if "COLSPLIT=0" in switch or "PIPELINE=0" in switch else 16)
     if "SMALL_TILE" in switch:
         assert not {n: v for n, v in decode.items() if v[1] > 0}, "small-tile decode spills"
 

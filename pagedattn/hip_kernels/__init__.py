@@ -141,6 +141,11 @@ def launch_shape(mode=None, parts_per_block=None):
     return _MODES[mode], ppp
 
 
+# scripts/decode_timeline.py --backend hip: an int64 CUDA tensor here (8 per block) receives the
+# column-split decode's per-block stamps in a PAGEDATTN_HIP_TIMELINE=1 build; None: no stamps
+TIMELINE = None
+
+
 def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd", scale=None,
                k_scale=None, v_scale=None, partition_size=None, lse=None,
                q_head_grid=False, mode=None, parts_per_block=None) -> None:
@@ -158,7 +163,8 @@ def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd"
     part = default_partition_size(group, partition_size)
     code, ppp = launch_shape(mode, parts_per_block)
     _ops().paged_decode(q, k_cache, v_cache, block_table, seq_lens, out, lse, k_scale, v_scale,
-                        LAYOUT_CODES[layout], float(scale), part, int(q_head_grid), code, ppp)
+                        LAYOUT_CODES[layout], float(scale), part, int(q_head_grid), code, ppp,
+                        TIMELINE)
 
 
 def paged_decode(call):

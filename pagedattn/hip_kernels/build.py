@@ -32,6 +32,9 @@ Build switches (environment, read at build time; each combination is its own cac
 * ``PAGEDATTN_HIP_DECODE_COLSPLIT=0``: groups of <= 16 heads run attn_kernel's pipeline instead
   of the column-split kernel (decode_cs.cuh, the default since session 6: 4 warps share 32-token
   tiles, 16 warps per SM; H200: 1-17 % faster on 32/8, level to +4 % on 32/32).
+* ``PAGEDATTN_HIP_TIMELINE=1``: the column-split decode writes per-block %globaltimer stamps
+  into ``hip_kernels.TIMELINE`` when that is set (``scripts/decode_timeline.py --backend hip``);
+  unset, the stamps are compiled out.
 * ``PAGEDATTN_HIP_DECODE_SMALL_TILE=1`` (with ``COLSPLIT=0``): those groups use 2-warp blocks on
   32-token tiles (52 KB, 4 blocks per SM) instead of 4 warps on 64. H200, session 5: correct,
   1-11 % faster on 10 of 12 A/B rows, 23 % slower at B1 L4096; off by default.
@@ -87,6 +90,7 @@ BUILD_SWITCHES = {  # environment variable -> macro (NVIDIA decode pipeline; no-
     "PAGEDATTN_HIP_DECODE_SWIZZLE": "PK_CS_SWIZZLE",
     "PAGEDATTN_HIP_DECODE_CS_STAGES": "PK_CS_STAGES",
     "PAGEDATTN_HIP_DECODE_PIPE_SWIZZLE": "PK_DECODE_SWIZZLE",
+    "PAGEDATTN_HIP_TIMELINE": "PK_TIMELINE",
 }
 
 

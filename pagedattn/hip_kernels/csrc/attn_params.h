@@ -25,6 +25,8 @@ struct AttnParams {
   const int* cu_seqlens_q;   // extend [S + 1]
   const float* k_scale;      // fp8: [Hkv] dequantisation scales; else nullptr
   const float* v_scale;
+  // PK_TIMELINE builds (decode_cs.cuh, NVIDIA): int64 [blocks, 8] per-block stamps; else nullptr
+  int64_t* timeline;
 
   // Element strides (int64: pools pass 2^31 elements).
   int64_t q_stride_tok, q_stride_head;

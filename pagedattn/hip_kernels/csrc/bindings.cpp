@@ -184,7 +184,8 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
                   const std::optional<at::Tensor>& k_scale,  // float32 [Hkv] (fp8)
                   const std::optional<at::Tensor>& v_scale, int64_t layout, double scale,
                   int64_t partition_size, int64_t q_head_grid, int64_t mode,
-                  int64_t parts_per_block) {
+                  int64_t parts_per_block,
+                  const std::optional<at::Tensor>& timeline) {  // int64 stamps (PK_TIMELINE)
   const at::Device dev = q.device();
   PK_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k_cache, &v_cache, &block_table, &seq_lens, &out})
@@ -237,6 +238,14 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);  // exp2 domain
   p.decode_mode = static_cast<int>(mode);
   p.parts_per_block = static_cast<int>(std::min<int64_t>(parts_per_block, p.max_partitions));
+  if (timeline) {  // room for any launch shape: 8 int64 per (KV head block, sequence, partition)
+    PK_CHECK(timeline->is_cuda() && timeline->device() == dev &&
+                 timeline->scalar_type() == at::kLong && timeline->is_contiguous() &&
+                 timeline->numel() >= 8 * int64_t(g.num_kv_heads) * p.blocks_per_kv_head * S *
+                                          p.max_partitions,
+             "timeline must be a contiguous int64 tensor on ", dev, " of >= 8 entries per block");
+    p.timeline = timeline->data_ptr<int64_t>();
+  }
 
   void* stream = c10::cuda::getCurrentCUDAStream().stream();
   const pk::DType qc = dtype_code(q.scalar_type()), kc = dtype_code(kvt);
@@ -317,7 +326,8 @@ TORCH_LIBRARY(pagedattn_hip, m) {
   m.def(
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
       "Tensor(a!) out, Tensor(b!)? lse, Tensor? k_scale, Tensor? v_scale, int layout, float scale, "
-      "int partition_size, int q_head_grid, int mode, int parts_per_block) -> ()");
+      "int partition_size, int q_head_grid, int mode, int parts_per_block, "
+      "Tensor(c!)? timeline=None) -> ()");
   m.def(
       "extend_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
       "Tensor cu_seqlens_q, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, int layout, "

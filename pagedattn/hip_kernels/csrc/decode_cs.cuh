@@ -44,6 +44,13 @@
 #define PK_CS_STAGES 2
 #endif
 
+// PK_TIMELINE=1 (build switch PAGEDATTN_HIP_TIMELINE=1; scripts/decode_timeline.py): thread 0
+// of each block writes %globaltimer (ns) at its start, when its first tile has landed, after its
+// tile loop and at its exit, and %smid, into p.timeline[block][0..4] (the Gluon kernel's layout).
+#ifndef PK_TIMELINE
+#define PK_TIMELINE 0
+#endif
+
 #if PK_PIPE_ENABLED && PK_DECODE_COLSPLIT
 #define PK_COLSPLIT_ENABLED 1
 #else
@@ -92,6 +99,23 @@ struct DecodeCsCfg {
 // one-pass launch (p.one_pass: all partitions of the sequence) and the single-partition launch.
 // Otherwise it parks each of its partitions' states for the combine (p.parts_per_block per
 // block: the pipeline runs on across them).
+// Timeline stamp `slot` of this block (PK_TIMELINE builds with p.timeline set; thread 0).
+PK_DEVICE void cs_stamp(const AttnParams& p, int slot) {
+#if PK_TIMELINE
+  if (p.timeline == nullptr || threadIdx.x != 0) return;
+  int64_t* t = p.timeline +
+      8 * ((int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x);
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  t[slot] = static_cast<int64_t>(ns);
+  if (slot == 0) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    t[4] = sm;
+  }
+#endif
+}
+
 template <class Cfg, bool kMerge>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     decode_cs_kernel(const AttnParams p) {
@@ -117,6 +141,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int kv_head = blockIdx.x / p.blocks_per_kv_head;
   const int hg = blockIdx.x % p.blocks_per_kv_head;
   const int seq = blockIdx.y;
+  cs_stamp(p, 0);
   if constexpr (!kMerge) grid_dependency_launch();  // the combine may launch; it waits for us
   const int ctx = p.seq_lens[seq];
   const int q_head0 = kv_head * p.group + hg * p.heads_per_block;
@@ -124,7 +149,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Partitions [plo, phi) of the sequence's nparts (an empty sequence has one, neutral).
   const int nparts = max(1, (ctx + p.partition_size - 1) / p.partition_size);
   const int plo = kMerge ? 0 : blockIdx.z * p.parts_per_block;
-  if (plo >= nparts) return;
+  if (plo >= nparts) {
+    cs_stamp(p, 3);
+    return;
+  }
   const int phi = kMerge ? nparts : min(nparts, plo + p.parts_per_block);
   const int kbeg = plo * p.partition_size;
   const int kend = min(ctx, phi * p.partition_size);
@@ -273,6 +301,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // Phase 1.
     cp_async_wait<NS - 2>();
     __syncthreads();  // tile ci visible; tile ci-1, Ps and red are free everywhere
+    if (PK_TIMELINE && ci == 0) cs_stamp(p, 1);
     if (ci + NS - 1 < nchunks) issue(ci + NS - 1, wr);
     cp_async_commit();
     const uint16_t* ks = stages + rd * SE;
@@ -350,6 +379,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       left = cpp;
     }
   }
+  cs_stamp(p, 2);
   cp_async_wait<0>();
   if (nchunks == 0) finish_partition(plo);  // an empty sequence: its neutral partition
   if constexpr (kMerge) {  // out = A / L, lse
@@ -374,6 +404,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
     }
   }
+  cs_stamp(p, 3);
 }
 
 }  // namespace pk
