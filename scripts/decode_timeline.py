@@ -18,9 +18,11 @@ with CUDA events around it (decode kernel + combine), and compared with the kern
 
 HIP (``--backend hip``): the column-split kernel stamps slots 0-4 the same way in a build with
 PAGEDATTN_HIP_TIMELINE=1 (set here before the first build; its own cached build); no cycle counts.
+The Triton tile loop (``--backend triton``, ``decode.TIMELINE``): no first-tile stamp (its
+"loop" includes the first tile's latency), no cycle counts.
 
 Usage: python scripts/decode_timeline.py [--batch 1] [--ctx 32768] [--heads 32/8] [--block 16]
-[--mode split|one_pass] [--backend gluon|hip]
+[--mode split|one_pass] [--backend gluon|hip|triton]
 """
 import argparse
 import os
@@ -46,9 +48,9 @@ def main(argv=None):
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--mode", default=None, choices=["split", "one_pass"])
     ap.add_argument("--calls", type=int, default=5, help="timed calls (each reported)")
-    ap.add_argument("--backend", default="gluon", choices=["gluon", "hip"])
+    ap.add_argument("--backend", default="gluon", choices=["gluon", "hip", "triton"])
     args = ap.parse_args(argv)
-    os.environ["PAGEDATTN_DECODE_VARIANT"] = "gluon"
+    os.environ["PAGEDATTN_DECODE_VARIANT"] = "triton" if args.backend == "triton" else "gluon"
     os.environ["PAGEDATTN_HIP_TIMELINE"] = "1"
     if args.mode:
         os.environ["PAGEDATTN_DECODE_MODE"] = args.mode
@@ -61,6 +63,8 @@ def main(argv=None):
     if args.backend == "hip":
         from pagedattn import hip_kernels as G  # G.TIMELINE: the stamps' tensor, 8 per block
         stamps_per = 8
+    elif args.backend == "triton":
+        G, stamps_per = PD, PD.STAMPS
     else:
         G = PD.gluon_kernel()
         if G is None or not G.is_sm90(torch.device("cuda")):

@@ -24,6 +24,7 @@ from pagedattn.triton_kernels.decode import _combine_kernel, _decode_kernel
 from gluon_offline import resource_usage
 
 INT_PTRS = ("block_table_ptr", "seq_lens_ptr", "cnt_ptr")
+I64_PTRS = ("tl_ptr",)
 DATA_PTRS = ("q_ptr", "k_ptr", "v_ptr", "out_ptr")
 KV_TYPE = "bf16"
 
@@ -37,7 +38,8 @@ def compile_one(fn, cst, floats, num_warps=4, num_stages=3):
         if n.endswith("_ptr"):
             if n in ("k_ptr", "v_ptr"):
                 return "*" + KV_TYPE
-            return "*i32" if n in INT_PTRS else "*bf16" if n in DATA_PTRS else "*fp32"
+            return ("*i32" if n in INT_PTRS else "*i64" if n in I64_PTRS
+                    else "*bf16" if n in DATA_PTRS else "*fp32")
         if n.startswith("stride"):
             return "i64"
         return "fp32" if n in floats else "i32"
@@ -58,9 +60,12 @@ fp8_bn, fp8_warps, fp8_stages = D._FP8_CONFIGS[("nvidia", (128, 16))]
 # launcher's fp8 tiles
 # (PAGEDATTN_DECODE_FOLD=last: the split launches merging in the kernel, the launcher's group)
 fold_r, fold_u = D._fold_tile(4, 128, warps, 64)
-for kv, one_pass, multi, fold in (("bf16", False, False, False), ("bf16", True, False, False),
-                                  ("bf16", False, True, False), ("fp8e4nv", True, False, False),
-                                  ("bf16", False, False, True), ("bf16", False, True, True)):
+# (TIMELINE: decode_timeline.py's stamps)
+for kv, one_pass, multi, fold, stamps in (
+        ("bf16", False, False, False, False), ("bf16", True, False, False, False),
+        ("bf16", False, True, False, False), ("fp8e4nv", True, False, False, False),
+        ("bf16", False, False, True, False), ("bf16", False, True, True, False),
+        ("bf16", False, True, False, True)):
     KV_TYPE = kv
     fp8 = kv != "bf16"
     tile = fp8_bn if fp8 else bn
@@ -69,6 +74,7 @@ for kv, one_pass, multi, fold in (("bf16", False, False, False), ("bf16", True, 
         BLOCK_N=tile, PART=512, ONE_BLOCK=bs % tile == 0, ONE_PASS=one_pass, MULTI=multi,
         SUB=1, LAZY_L=D._lazy_rowsum(16, tile), FOLD=fold, FOLD_R=fold_r if fold else 1,
         FOLD_UNROLL=fold_u if fold else 1, PDL=not (one_pass or fold), CAUSAL=False,
+        TIMELINE=stamps,
         HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False,
         IEEE=False, F16_DOT=fp8, HAS_KV_SCALE=fp8), ("scale", "cap"),
         num_warps=fp8_warps if fp8 else warps, num_stages=fp8_stages if fp8 else stages)
@@ -77,6 +83,7 @@ for kv, one_pass, multi, fold in (("bf16", False, False, False), ("bf16", True, 
     if fp8:  # the dots take fp16 operands (F16_DOT), not bf16 (more conversion instructions)
         assert "xf16" in k.asm["ttgir"], "fp8 cache: the dots do not run in fp16"
     assert ("atom.global.gpu.acq_rel.add" in k.asm["ptx"]) == fold
+    assert ("%globaltimer" in k.asm["ptx"]) == stamps
     res = resource_usage(k)
     if fold and res is not None:  # the merge's group stays in registers: 4 programs per SM
         regs = int(re.search(r"REG:(\d+)", res).group(1))

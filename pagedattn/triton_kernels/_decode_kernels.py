@@ -16,6 +16,28 @@ except ImportError:  # older triton: PDL stays off (decode._pdl), the names are 
     gdc_launch_dependents = gdc_wait = None
 
 
+STAMPS = 8  # int64 per program in decode.TIMELINE (the Gluon kernel's layout)
+_STAMPS = tl.constexpr(STAMPS)  # jit code reads globals only as constexpr
+
+
+@triton.jit
+def _stamp(tl_ptr, slot: tl.constexpr, x):
+    """TIMELINE runs (``decode.TIMELINE``, scripts/decode_timeline.py): %globaltimer (ns) into
+    tl_ptr[program, slot] (0 start, 1 = 0: the first tile is not stamped, so "loop" includes
+    its latency; 2 loop done; 3 exit) and at slot 0 %smid into slot 4; x: any int32 scalar."""
+    ns = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=tl.int64,
+                                   is_pure=False, pack=1)
+    pid = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) \
+        + tl.program_id(0)
+    row = tl_ptr + pid.to(tl.int64) * _STAMPS
+    tl.store(row + slot, ns)
+    if slot == 0:
+        tl.store(row + 1, ns)
+        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [x], dtype=tl.int32,
+                                       is_pure=False, pack=1)
+        tl.store(row + 4, sm.to(tl.int64))
+
+
 @triton.jit
 def _tile_block_ids(bt_row_ptr, start, hi, offs_n, BS: tl.constexpr, ONE_BLOCK: tl.constexpr):
     """int64 block ids of the KV tile starting at ``start``: a scalar when the tile lies inside
@@ -181,6 +203,7 @@ def _decode_kernel(
         ws_ml_ptr,  # float32 [B, Hkv, P, R, 2]: (m_p, l_p) per partition and row
         ws_o_ptr,  # float32 [B, Hkv, P, R, D]: acc_p (unnormalised)
         cnt_ptr,  # int32 [B, Hkv]: parked partitions per (sequence, head) (FOLD), else a dummy
+        tl_ptr,  # int64 [programs, STAMPS]: TIMELINE stamps, else a dummy (never touched)
         scale, cap, window, Hq, LQ, P, BT_W, PPP,
         stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
         stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
@@ -197,9 +220,11 @@ def _decode_kernel(
         HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
         HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
         F16_DOT: tl.constexpr, FOLD: tl.constexpr, FOLD_R: tl.constexpr,
-        FOLD_UNROLL: tl.constexpr):
+        FOLD_UNROLL: tl.constexpr, TIMELINE: tl.constexpr):
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
+    if TIMELINE:
+        _stamp(tl_ptr, 0, Hq)
     if PDL:  # the combine launch may start now; it waits for this grid before reading
         gdc_launch_dependents()
     h = tl.program_id(0)
@@ -282,6 +307,8 @@ def _decode_kernel(
                 stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N,
                 BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP,
                 HAS_ALIBI, IEEE, LAZY_L)
+        if TIMELINE:
+            _stamp(tl_ptr, 2, Hq)
         if ONE_PASS or n_parts == 1:
             if not ONE_PASS:  # the state one-pass would hold: one merge into the empty state
                 m, l, acc = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32),
@@ -309,3 +336,5 @@ def _decode_kernel(
                 _store_rows(out_ptr, lse_ptr, fo, flse2, s, rr // G, h * G + rr % G, d, rr < R,
                             rr < R, d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh,
                             RETURN_LSE)
+    if TIMELINE:
+        _stamp(tl_ptr, 3, Hq)

@@ -45,9 +45,13 @@ from pagedattn.triton_kernels._decode_configs import (MAX_ROWS, _combine_config,
                                                       _f16_dot, _fold_last, _fold_tile,
                                                       _lazy_rowsum, _maxnreg, _next_pow2)
 from pagedattn.triton_kernels._decode_combine import _combine_kernel
-from pagedattn.triton_kernels._decode_kernels import _decode_kernel, gdc_wait
+from pagedattn.triton_kernels._decode_kernels import STAMPS, _decode_kernel, gdc_wait
 
 FORCE_MODE = None  # tests/bench: "one_pass" | "split" | None (rule); env PAGEDATTN_DECODE_MODE
+# scripts/decode_timeline.py --backend triton: an int64 CUDA tensor of >= STAMPS entries per
+# program makes the Triton kernel's next launches write %globaltimer stamps into it (no replay
+# while set); None: no stamps (none compiled in)
+TIMELINE = None
 
 
 def _pdl(device):
@@ -178,7 +182,8 @@ def run(call):
     q, out, g, o = call.q, call.out, call.geom, call.opts
     dev = q.device
     key = None
-    if _replay.enabled(dev):  # eager fast path: this metadata's launches, recorded (_replay.py)
+    # eager fast path: this metadata's launches, recorded (_replay.py)
+    if _replay.enabled(dev) and TIMELINE is None:
         cur = torch.cuda.current_device()
         key = _replay.decode_key(call, FORCE_MODE, cur)
         rep = _replay.lookup(key)
@@ -268,6 +273,10 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
     q, o, bs = call.q, call.opts, call.geom.block_size
     lq, hq, d = q4.shape[1], q4.shape[2], q4.shape[3]
     one_block = bs % block_n == 0 and part % block_n == 0
+    if TIMELINE is not None and (TIMELINE.dtype != torch.int64 or TIMELINE.device != q.device
+                                 or TIMELINE.numel() < STAMPS * grid[0] * grid[1] * grid[2]):
+        raise ValueError(f"decode.TIMELINE: expected int64 on {q.device}, >= {STAMPS} per "
+                         f"program of the grid {grid}")
     fold = cnt.dtype == torch.int32
     fold_r, fold_u = _fold_tile(common["R"], common["BLOCK_D"], num_warps, n_part_max) \
         if fold else (1, 1)
@@ -280,6 +289,7 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         slopes_ptr=o.alibi_slopes if o.alibi_slopes is not None else dummy,
         sinks_ptr=o.sinks if o.sinks is not None else dummy,
         out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, cnt_ptr=cnt,
+        tl_ptr=TIMELINE if TIMELINE is not None else dummy, TIMELINE=TIMELINE is not None,
         FOLD=fold, FOLD_R=fold_r, FOLD_UNROLL=fold_u, scale=float(o.scale),
         cap=float(o.logit_cap or 1.0),
         window=int(o.sliding_window or 0), Hq=hq, LQ=lq, P=n_part_max,
