@@ -43,3 +43,9 @@ def maxnreg_option(env: str, device) -> dict:
     if device.type != "cuda" or getattr(torch.version, "hip", None):
         return {}
     return {"maxnreg": int(raw)}
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of 2 >= n, for n >= 1 (``triton.next_power_of_2``, without importing
+    triton): the host-side tile sizing of the decode and extend launchers."""
+    return 1 << max(0, (int(n) - 1).bit_length())

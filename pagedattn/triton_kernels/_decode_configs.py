@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from pagedattn._triton import maxnreg_option
+from pagedattn._triton import maxnreg_option, next_pow2
 from pagedattn.reference import FP8_DTYPES
 
 # (BLOCK_N, num_warps, num_stages[, SUB]) keyed by (padded head dim, rows bucket). One config
@@ -85,12 +85,8 @@ def _combine_config(block_d, n_part_max):
     # no larger than the longest sequence's partition count: the group loop is unrolled, so
     # neutral rows past it cost time (same bits for any group size); >= 32 columns per program:
     # one warp then holds whole columns (no shuffles)
-    return (min(unroll, max(2, _next_pow2(n_part_max))), warps,
+    return (min(unroll, max(2, next_pow2(n_part_max))), warps,
             max(1, min(dsplit, block_d // 32)), max(1, stages))
-
-
-def _next_pow2(n):
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 def _config(block_d, rows, kv_bytes, device):
@@ -175,6 +171,6 @@ def _fold_tile(rows, block_d, num_warps, n_part_max):
     offline, sm_90, triton 3.6, 32/8 D 128, 16 states: 96-128 registers, still 4 programs per
     SM; the compile tier checks <= 128 and no spills), no more than the longest sequence's
     partition count (states past it are neutral, loaded for nothing)."""
-    block_r = _next_pow2(rows)
+    block_r = next_pow2(rows)
     per_state = max(1, block_r * block_d // (32 * num_warps))  # acc elements per thread
-    return block_r, max(1, min(64 // per_state, _next_pow2(n_part_max)))
+    return block_r, max(1, min(64 // per_state, next_pow2(n_part_max)))

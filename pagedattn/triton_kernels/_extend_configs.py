@@ -17,7 +17,7 @@ from typing import Dict, List, NamedTuple
 
 import torch
 
-from pagedattn._triton import maxnreg_option
+from pagedattn._triton import maxnreg_option, next_pow2
 
 
 class TileConfig(NamedTuple):
@@ -76,12 +76,8 @@ def family_of(device: torch.device) -> str:
 def _fit(cfg: TileConfig, group_p: int, max_q_len: int) -> TileConfig:
     """BLOCK_M >= the padded group; shrunk for short queries (decode-like extends) but >= 16."""
     bm = max(cfg.block_m, group_p)
-    need = max(16, group_p * triton_next_pow2(max(max_q_len, 1)))
+    need = max(16, group_p * next_pow2(max(max_q_len, 1)))
     return cfg._replace(block_m=min(bm, max(need, group_p)))
-
-
-def triton_next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 def default_config(device: torch.device, head_dim_p: int, group_p: int,

@@ -38,12 +38,13 @@ import torch
 import triton
 
 from pagedattn import layouts as L
+from pagedattn._triton import next_pow2
 from pagedattn.dispatch import core as _dispatch
 from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels import _replay
 from pagedattn.triton_kernels._decode_configs import (MAX_ROWS, _combine_config, _config,
                                                       _f16_dot, _fold_last, _fold_tile,
-                                                      _lazy_rowsum, _maxnreg, _next_pow2)
+                                                      _lazy_rowsum, _maxnreg)
 from pagedattn.triton_kernels._decode_combine import _combine_kernel
 from pagedattn.triton_kernels._decode_kernels import STAMPS, _decode_kernel, gdc_wait
 
@@ -198,8 +199,8 @@ def run(call):
     group = hq // hkv
     rows = group * lq
     part = call.partition_size or default_partition_size(group)
-    block_d = max(16, _next_pow2(d))
-    block_m = max(16, _next_pow2(rows))
+    block_d = max(16, next_pow2(d))
+    block_m = max(16, next_pow2(rows))
     cfg = _config(block_d, rows, call.k_cache.element_size(), dev)
     block_n, num_warps, num_stages, sub = (cfg + (1,))[:4]
     if dev.type != "cuda":  # interpreter: small tiles so tiny test sequences still span several
