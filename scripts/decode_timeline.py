@@ -61,15 +61,13 @@ def main(argv=None):
     from pagedattn.triton_kernels import decode as PD
 
     if args.backend == "hip":
-        from pagedattn import hip_kernels as G  # G.TIMELINE: the stamps' tensor, 8 per block
-        stamps_per = 8
+        from pagedattn import hip_kernels as G  # G.TIMELINE: the stamps' tensor
     elif args.backend == "triton":
-        G, stamps_per = PD, PD.STAMPS
+        G = PD
     else:
         G = PD.gluon_kernel()
         if G is None or not G.is_sm90(torch.device("cuda")):
             sys.exit("needs an sm_90 GPU and triton " + PD.GLUON_TRITON)
-        stamps_per = G.STAMPS
     hq, hkv = (int(x) for x in args.heads.split("/"))
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, table, lens = _case(args.batch, args.ctx, hq, hkv, args.block, torch.bfloat16,
@@ -78,7 +76,7 @@ def main(argv=None):
     nbytes = 2 * args.batch * args.ctx * hkv * q.shape[-1] * k.element_size()
     call = lambda: pa.paged_decode(q, k, v, table, lens, out=out, validate=False,  # noqa: E731
                                    backend="hip" if args.backend == "hip" else "triton")
-    stamps = torch.zeros(stamps_per << 16, dtype=torch.int64, device="cuda")
+    stamps = torch.zeros(G.STAMPS << 16, dtype=torch.int64, device="cuda")
     G.TIMELINE = stamps
     per_sm = []  # per call: {SM id: mean loop time}
     try:
@@ -95,7 +93,7 @@ def main(argv=None):
             call()
             e.record()
             e.synchronize()
-            t = stamps.view(-1, stamps_per)
+            t = stamps.view(-1, G.STAMPS)
             t = t[t[:, 0] > 0]
             work = t[t[:, 1] > 0]  # programs that had a tile
             t0 = t[:, 0].min()

@@ -141,9 +141,10 @@ def launch_shape(mode=None, parts_per_block=None):
     return _MODES[mode], ppp
 
 
-# scripts/decode_timeline.py --backend hip: an int64 CUDA tensor here (8 per block) receives the
-# column-split decode's per-block stamps in a PAGEDATTN_HIP_TIMELINE=1 build; None: no stamps
+# scripts/decode_timeline.py --backend hip: an int64 CUDA tensor here (STAMPS per block) receives
+# the column-split decode's per-block stamps in a PAGEDATTN_HIP_TIMELINE=1 build; None: no stamps
 TIMELINE = None
+STAMPS = 8  # decode_cs.cuh's cs_stamp layout (the Gluon and Triton kernels' too)
 
 
 def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd", scale=None,
