@@ -61,22 +61,20 @@ fp8_bn, fp8_warps, fp8_stages = D._FP8_CONFIGS[("nvidia", (128, 16))]
 # (PAGEDATTN_DECODE_FOLD=last: the split launches merging in the kernel, the launcher's group)
 fold_r, fold_u = D._fold_tile(4, 128, warps, 64)
 # (TIMELINE: decode_timeline.py's stamps)
-# (PAGEDATTN_DECODE_QK=halves: q K^T as two dots over the head dim's halves, q in registers)
-for kv, one_pass, multi, fold, stamps, halves in (
-        ("bf16", False, False, False, False, False), ("bf16", True, False, False, False, False),
-        ("bf16", False, True, False, False, False), ("fp8e4nv", True, False, False, False, False),
-        ("bf16", False, False, True, False, False), ("bf16", False, True, True, False, False),
-        ("bf16", False, True, False, True, False), ("bf16", False, False, False, False, True),
-        ("bf16", True, False, False, False, True)):
+for kv, one_pass, multi, fold, stamps in (
+        ("bf16", False, False, False, False), ("bf16", True, False, False, False),
+        ("bf16", False, True, False, False), ("fp8e4nv", True, False, False, False),
+        ("bf16", False, False, True, False), ("bf16", False, True, True, False),
+        ("bf16", False, True, False, True)):
     KV_TYPE = kv
     fp8 = kv != "bf16"
     tile = fp8_bn if fp8 else bn
     k = compile_one(_decode_kernel, dict(
         common, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, BLOCK_M=16,
         BLOCK_N=tile, PART=512, ONE_BLOCK=bs % tile == 0, ONE_PASS=one_pass, MULTI=multi,
-        SUB=1, LAZY_L=D._lazy_rowsum(16, tile), QK_HALVES=halves, FOLD=fold,
-        FOLD_R=fold_r if fold else 1, FOLD_UNROLL=fold_u if fold else 1,
-        PDL=not (one_pass or fold), CAUSAL=False, TIMELINE=stamps,
+        SUB=1, LAZY_L=D._lazy_rowsum(16, tile), FOLD=fold, FOLD_R=fold_r if fold else 1,
+        FOLD_UNROLL=fold_u if fold else 1, PDL=not (one_pass or fold), CAUSAL=False,
+        TIMELINE=stamps,
         HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False,
         IEEE=False, F16_DOT=fp8, HAS_KV_SCALE=fp8), ("scale", "cap"),
         num_warps=fp8_warps if fp8 else warps, num_stages=fp8_stages if fp8 else stages)
@@ -86,10 +84,6 @@ for kv, one_pass, multi, fold, stamps, halves in (
         assert "xf16" in k.asm["ttgir"], "fp8 cache: the dots do not run in fp16"
     assert ("atom.global.gpu.acq_rel.add" in k.asm["ptx"]) == fold
     assert ("%globaltimer" in k.asm["ptx"]) == stamps
-    if halves:  # two q K^T dots per tile, q's operands not reloaded from shared memory
-        body = k.asm["ttgir"].split("scf.for")[1]
-        assert body.count("tt.dot") == 3 and "memdesc<16x64x" not in body.split("tt.dot")[0], \
-            "QK halves: expected two q K^T dots with q in registers"
     res = resource_usage(k)
     if fold and res is not None:  # the merge's group stays in registers: 4 programs per SM
         regs = int(re.search(r"REG:(\d+)", res).group(1))

@@ -2,8 +2,7 @@
 the column split (``_decode_cs.py``, config SUB > 1; CPU: the interpreter, SUB 2 on 32-key
 tiles; GPU: bf16 at real sizes, SUB 4 and 2), the row sums summed per tile
 (PAGEDATTN_DECODE_ROWSUM=tile; the CPU tests' small tiles take the lazy sums by default) and the
-split launch's in-kernel merge (PAGEDATTN_DECODE_FOLD=last) and q K^T over the head dim's halves
-(PAGEDATTN_DECODE_QK=halves)."""
+split launch's in-kernel merge (PAGEDATTN_DECODE_FOLD=last)."""
 import importlib
 import random
 
@@ -139,56 +138,6 @@ def test_fold_by_the_last_program_equals_one_pass(ppp, unroll, device, monkeypat
     _check(b, q, one, one_lse, lens, 1, torch.float32, **o)
 
 
-QK_CASES = [  # layout, block size, Hq, Hkv, head dim, q_len, dtype, options
-    ("bhsd", 16, 8, 2, 64, 1, torch.float16, "plain"),
-    ("vllm", 8, 4, 1, 80, 2, torch.float32, "cap"),  # K split by x; the upper half half-masked
-    ("bshd", 1, 6, 3, 96, 1, torch.float16, "all"),
-]
-
-
-def _qk_halves_ran(launches):
-    return {k["QK_HALVES"] for name, k in launches if name == "_decode_kernel"}
-
-
-@pytest.mark.parametrize("case", QK_CASES, ids=lambda c: f"{c[0]}-d{c[4]}-{c[7]}")
-def test_qk_halves_match_oracle_and_launch_shapes(case, device, monkeypatch, launches):
-    """PAGEDATTN_DECODE_QK=halves: two q K^T dots per tile over the head dim's halves (masked
-    lanes in the upper half when the head dim is not a power of 2), bitwise across launch shapes;
-    an fp8 cache keeps one dot."""
-    layout, bs, hq, hkv, d, q_len, dt, kind = case
-    monkeypatch.setenv("PAGEDATTN_DECODE_QK", "halves")
-    gen = torch.Generator().manual_seed(41 + QK_CASES.index(case))
-    lens = [max(n, q_len) for n in (1, 2 * bs, 64, 3 * bs + 1, 90)]
-    b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
-                         dtype=dt, device=device, gen=gen)
-    shape = (len(lens), hq, d) if q_len == 1 else (len(lens), q_len, hq, d)
-    q = (3 * torch.randn(shape, generator=gen)).to(device=device, dtype=dt)
-    o = {}
-    if kind == "cap":
-        o = {"logit_cap": 4.0}
-    elif kind == "all":
-        o = dict(sliding_window=40, logit_cap=5.0, alibi_slopes=torch.rand(hq, generator=gen)
-                 .to(device), sinks=(torch.randn(hq, generator=gen) * 2).to(device))
-    out, lse = _launch_shapes(b, q, 32, monkeypatch, **o)
-    assert _qk_halves_ran(launches) == {True}
-    _check(b, q, out, lse, lens, q_len, tol_key(dt, dt), **o)
-    launches.clear()
-    f8 = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
-                          dtype=torch.float8_e4m3fn, device=device, gen=gen)
-    q16 = q.to(torch.float16)
-    out, lse = _decode(f8, q16, mode="split", partition_size=32, return_lse=True, **o)
-    assert _qk_halves_ran(launches) == {False}
-    _check(f8, q16, out, lse, lens, q_len, tol_key(torch.float16, torch.float8_e4m3fn), **o)
-
-
-def test_qk_knob_rejects_bad_values(device, monkeypatch):
-    monkeypatch.setenv("PAGEDATTN_DECODE_QK", "quarters")
-    b = make_paged_batch([5], num_kv_heads=1, head_dim=32, block_size=16, layout="bhsd",
-                         dtype=torch.float16, device=device, gen=torch.Generator().manual_seed(0))
-    with pytest.raises(ValueError, match="PAGEDATTN_DECODE_QK"):
-        _decode(b, torch.randn(1, 2, 32).to(device=device, dtype=torch.float16), mode="split")
-
-
 GPU_CASES = [  # Hq, Hkv, head dim, block size, layout, partition
     (32, 8, 128, 16, "bhsd", None), (32, 8, 128, 64, "vllm", None), (8, 2, 96, 1, "bshd", 256),
     (28, 4, 128, 16, "hcu", 512), (16, 1, 64, 32, "bhsd", None), (8, 1, 128, 8, "bshd", 128),
@@ -238,26 +187,3 @@ def test_gpu_fold_by_the_last_program(ppp, device, monkeypatch):
         assert torch.equal(out, one), f"(seq, head) differing: {bad}"
         assert torch.equal(lse, one_lse)
     _check(b, q, one, one_lse, lens, 1, torch.bfloat16)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_CASES[:4], ids=lambda c: f"{c[0]}-{c[1]}-d{c[2]}-bs{c[3]}")
-def test_gpu_qk_halves(case, device, monkeypatch, launches):
-    """PAGEDATTN_DECODE_QK=halves on the Triton kernel at real sizes, bf16 and fp16, ragged
-    lengths, options; bitwise across launch shapes."""
-    hq, hkv, d, bs, layout, part = case
-    monkeypatch.setenv("PAGEDATTN_DECODE_QK", "halves")
-    monkeypatch.setenv("PAGEDATTN_DECODE_VARIANT", "triton")
-    seed = 50 + GPU_CASES.index(case)
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
-    dt = torch.bfloat16 if seed % 3 else torch.float16
-    lens = [1, bs, 64, 64 * bs + 1, 4097, 9000, rng.randint(2, 3000), 511]
-    b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
-                         dtype=dt, device=device, gen=gen, exact_capacity=seed % 2 == 0)
-    q = (6 * torch.randn(len(lens), hq, d, generator=gen)).to(device=device, dtype=dt)
-    o = _opts(rng, hq, device, gen)
-    if "logit_cap" in o:
-        o["logit_cap"] = 30.0
-    out, lse = _launch_shapes(b, q, part, monkeypatch, **o)
-    assert _qk_halves_ran(launches) == {True}
-    _check(b, q, out, lse, lens, 1, tol_key(dt, dt), **o)

@@ -120,18 +120,6 @@ def _lazy_rowsum(block_m, block_n):
     return env == "lazy" or (env == "auto" and block_m * block_n <= 512)
 
 
-def _qk_halves(block_d, kv_bytes):
-    """PAGEDATTN_DECODE_QK: ``one`` (default) computes q K^T as one dot over the head dim;
-    ``halves`` as two dots over its halves (``_decode_kernels._qk_half``): two independent MMA
-    chains of half the length, and q's operands in registers (offline, sm_90, triton 3.6, 32/8
-    D 128: the loop's ldmatrix count falls from 18 to 10 per tile, as the HIP column split's,
-    for 33 more instructions). Different bits from ``one``; the same for every launch shape.
-    Caches of >= 16 bits with halves of >= 16 lanes (the MMA's K) only: over an fp8 cache the
-    fp16 q halves still go through shared memory and the loop takes 255 registers."""
-    env = _env_choice("PAGEDATTN_DECODE_QK", ("one", "halves"), "one")
-    return env == "halves" and block_d >= 32 and kv_bytes > 1
-
-
 def _maxnreg(device):
     """PAGEDATTN_DECODE_MAXNREG=N (A/B runs, NVIDIA): cap the decode kernel's registers per thread.
 

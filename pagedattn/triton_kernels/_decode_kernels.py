@@ -72,20 +72,6 @@ def _fp16_q(q):
 
 
 @triton.jit
-def _qk_half(q_h, blk_n, tok, h, d_h, j_ok, k_ptr, stride_kb: tl.int64, stride_kt: tl.int64,
-             stride_kh: tl.int64, stride_kdh: tl.int64, stride_kdl: tl.int64,
-             K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, D: tl.constexpr,
-             IEEE: tl.constexpr):
-    """q_h K_h^T [BLOCK_M, BLOCK_N] over the head-dim lanes d_h (one half of the tile)."""
-    k_off = kv_offset(blk_n, tok[:, None], h, d_h[None, :], stride_kb, stride_kt, stride_kh,
-                      stride_kdh, stride_kdl, K_X, K_SPLIT, K_LO_ONE)
-    k = tl.load(k_ptr + k_off, mask=j_ok[:, None] & (d_h < D)[None, :], other=0.0).to(q_h.dtype)
-    if IEEE:
-        return tl.dot(q_h, tl.trans(k), input_precision="ieee")
-    return tl.dot(q_h, tl.trans(k))
-
-
-@triton.jit
 def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
             cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
             stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
@@ -98,7 +84,7 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
             PART: tl.constexpr, ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
             PARK: tl.constexpr, R: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
             HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-            IEEE: tl.constexpr, LAZY_L: tl.constexpr, QK_HALVES: tl.constexpr):
+            IEEE: tl.constexpr, LAZY_L: tl.constexpr):
     """Online softmax of the group rows over keys [t_lo, t_hi), one tile of STEP keys at a time.
 
     t_lo is a multiple of STEP, and STEP divides PART, so no tile straddles a partition. Split
@@ -112,10 +98,7 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
     absolute query positions; slope2 [BLOCK_M] ALiBi slopes (log2 domain). m, l: [BLOCK_M]
     (log2 domain); acc [BLOCK_M, BLOCK_D] float32. LAZY_L (``decode._lazy_rowsum``): the row sums
     stay per key lane ([BLOCK_M, BLOCK_N], rescaled like acc) and are summed over the lanes only
-    at a partition's end: the tiles then cross warps once (the row max), not twice. QK_HALVES
-    (``decode._qk_halves``): q K^T as two dots over the halves of the head dim, K loaded as two
-    half tiles, each product scaled before the sum (two independent MMA chains; q's operands
-    stay in registers instead of being reloaded from shared memory every tile).
+    at a partition's end: the tiles then cross warps once (the row max), not twice.
     """
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -125,10 +108,6 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
     big_l = tl.zeros((BLOCK_M,), tl.float32)
     big_a = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
-    HALF: tl.constexpr = BLOCK_D // 2
-    d_lo = tl.arange(0, HALF)
-    if QK_HALVES:  # [BLOCK_M, BLOCK_D] -> its two [BLOCK_M, HALF] halves
-        q_lo, q_hi = tl.reshape(q, (BLOCK_M, 2, HALF)).permute(0, 2, 1).split()
     # NOTE the block ids of tile t+1 are loaded in iteration t: when the K/V addresses of a tile
     # depend on an id loaded in the same iteration, the pipeliner drains every copy at the top
     # of the loop (async_wait num=0 in the sm_90 TTGIR) and each tile pays the full latency.
@@ -139,23 +118,17 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
             j_ok = j_ok & (offs_n < STEP)
         tok = (j % BS).to(tl.int64)  # [BLOCK_N]
         kv_mask = j_ok[:, None] & d_mask[None, :]  # [BLOCK_N, BLOCK_D]
-        if QK_HALVES:
-            s = _qk_half(q_lo, blk_n, tok, h, d_lo, j_ok, k_ptr, stride_kb, stride_kt,
-                         stride_kh, stride_kdh, stride_kdl, K_X, K_SPLIT, K_LO_ONE, D, IEEE)
-            s = s * qk_scale + _qk_half(q_hi, blk_n, tok, h, HALF + d_lo, j_ok, k_ptr, stride_kb,
-                                        stride_kt, stride_kh, stride_kdh, stride_kdl, K_X,
-                                        K_SPLIT, K_LO_ONE, D, IEEE) * qk_scale
+        k_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_kb, stride_kt,
+                          stride_kh, stride_kdh, stride_kdl, K_X, K_SPLIT, K_LO_ONE)
+        k = tl.load(k_ptr + k_off, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_M, BLOCK_N]
         else:
-            k_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_kb, stride_kt,
-                              stride_kh, stride_kdh, stride_kdl, K_X, K_SPLIT, K_LO_ONE)
-            k = tl.load(k_ptr + k_off, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_M, BLOCK_N]
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = s * qk_scale  # qk_scale holds log2(e) unless the soft-cap needs natural logits
+            s = tl.dot(q, tl.trans(k))
         if HAS_CAP:
-            s = soft_cap(s, cap) * 1.4426950408889634
+            s = soft_cap(s * qk_scale, cap) * 1.4426950408889634
+        else:
+            s = s * qk_scale  # qk_scale already holds log2(e)
         if HAS_ALIBI:
             s += alibi_bias(slope2[:, None], j[None, :], pos[:, None])
         ok = visible(j[None, :], pos[:, None], t_hi, window, CAUSAL, HAS_WINDOW)
@@ -243,8 +216,7 @@ def _decode_kernel(
         K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, MULTI: tl.constexpr, SUB: tl.constexpr,
-        LAZY_L: tl.constexpr, QK_HALVES: tl.constexpr, PDL: tl.constexpr, CAUSAL: tl.constexpr,
-        HAS_WINDOW: tl.constexpr,
+        LAZY_L: tl.constexpr, PDL: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
         HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
         HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
         F16_DOT: tl.constexpr, FOLD: tl.constexpr, FOLD_R: tl.constexpr,
@@ -334,7 +306,7 @@ def _decode_kernel(
                 stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh,
                 stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N,
                 BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP,
-                HAS_ALIBI, IEEE, LAZY_L, QK_HALVES)
+                HAS_ALIBI, IEEE, LAZY_L)
         if TIMELINE:
             _stamp(tl_ptr, 2, Hq)
         if ONE_PASS or n_parts == 1:

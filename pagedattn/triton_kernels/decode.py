@@ -44,7 +44,7 @@ from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels import _replay
 from pagedattn.triton_kernels._decode_configs import (MAX_ROWS, _combine_config, _config,
                                                       _f16_dot, _fold_last, _fold_tile,
-                                                      _lazy_rowsum, _maxnreg, _qk_halves)
+                                                      _lazy_rowsum, _maxnreg)
 from pagedattn.triton_kernels._decode_combine import _combine_kernel
 from pagedattn.triton_kernels._decode_kernels import STAMPS, _decode_kernel, gdc_wait
 
@@ -305,7 +305,6 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         BS=bs, K_X=ks.x, K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1,
         BLOCK_N=block_n, ONE_BLOCK=one_block, ONE_PASS=mode == "one_pass", MULTI=ppp > 1,
         SUB=sub, LAZY_L=_lazy_rowsum(block_m, block_n), PDL=pdl,
-        QK_HALVES=_qk_halves(common["BLOCK_D"], call.k_cache.element_size()),
         PPP=ppp, CAUSAL=lq > 1,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
