@@ -2,15 +2,12 @@
 the column split (``_decode_cs.py``, config SUB > 1; CPU: the interpreter, SUB 2 on 32-key
 tiles; GPU: bf16 at real sizes, SUB 4 and 2), the row sums summed per tile
 (PAGEDATTN_DECODE_ROWSUM=tile; the CPU tests' small tiles take the lazy sums by default) and the
-split launch's in-kernel merge (PAGEDATTN_DECODE_FOLD=last) and its combine waiting on
-per-partition ready flags (PAGEDATTN_DECODE_COMBINE_WAIT=flags)."""
+split launch's in-kernel merge (PAGEDATTN_DECODE_FOLD=last)."""
 import importlib
 import random
 
 import pytest
 import torch
-
-import pagedattn as pa
 
 from attn_utils import make_paged_batch, tol_key
 from test_triton_decode import _check, _decode, _opts
@@ -141,38 +138,6 @@ def test_fold_by_the_last_program_equals_one_pass(ppp, unroll, device, monkeypat
     _check(b, q, one, one_lse, lens, 1, torch.float32, **o)
 
 
-@pytest.mark.parametrize("ppp", ["1", "3"])
-def test_combine_waiting_on_flags_equals_one_pass(ppp, device, monkeypatch, launches):
-    """PAGEDATTN_DECODE_COMBINE_WAIT=flags: the decode kernel publishes each parked state, the
-    combine waits per group of partitions: bit for bit the one-pass result, twice in a row (the
-    second call may find the first's flags in its fresh workspace), with sequences of one, no
-    and many partitions, partitions wholly before a window and programs owning several
-    partitions. Afterwards every published flag holds FLAG (each reader took itself off)."""
-    state = importlib.import_module("pagedattn.triton_kernels._decode_state")
-    gen = torch.Generator().manual_seed(31)
-    lens = [301, 16, 0, 47, 90]
-    b = make_paged_batch(lens, num_kv_heads=2, head_dim=64, block_size=16, layout="bshd",
-                         dtype=torch.float32, device=device, gen=gen)
-    q = torch.randn(5, 4, 64, generator=gen).to(device=device)
-    o = dict(sliding_window=150, sinks=(torch.randn(4, generator=gen) + 2).to(device))
-    one, one_lse = _decode(b, q, mode="one_pass", partition_size=16, return_lse=True, **o)
-    monkeypatch.setenv("PAGEDATTN_DECODE_COMBINE_WAIT", "flags")
-    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
-    monkeypatch.setenv("PAGEDATTN_DECODE_COMBINE", "4,1,2,1")  # groups of 4, 2 column blocks
-    for _ in range(2):
-        launches.clear()
-        out, lse = _decode(b, q, mode="split", partition_size=16, return_lse=True, **o)
-        assert torch.equal(out, one) and torch.equal(lse, one_lse)
-        (_, dk), (_, ck) = launches
-        assert dk["FLAGS"] and ck["FLAGS"] and dk["READERS"] == 2 * 2  # rows x column blocks
-        flags = dk["flag_ptr"]
-        for i, n in enumerate(lens):
-            parts = -(-n // 16)
-            if parts > 1:
-                assert (flags[i, :, :parts] == state.FLAG).all(), (i, flags[i, :, :parts])
-    _check(b, q, one, one_lse, lens, 1, torch.float32, **o)
-
-
 GPU_CASES = [  # Hq, Hkv, head dim, block size, layout, partition
     (32, 8, 128, 16, "bhsd", None), (32, 8, 128, 64, "vllm", None), (8, 2, 96, 1, "bshd", 256),
     (28, 4, 128, 16, "hcu", 512), (16, 1, 64, 32, "bhsd", None), (8, 1, 128, 8, "bshd", 128),
@@ -222,65 +187,3 @@ def test_gpu_fold_by_the_last_program(ppp, device, monkeypatch):
         assert torch.equal(out, one), f"(seq, head) differing: {bad}"
         assert torch.equal(lse, one_lse)
     _check(b, q, one, one_lse, lens, 1, torch.bfloat16)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("ppp", ["1", "auto"])
-def test_gpu_combine_waiting_on_flags(ppp, device, monkeypatch):
-    """PAGEDATTN_DECODE_COMBINE_WAIT=flags at real sizes (bf16, 32/8: hundreds of combine
-    programs polling while the decode grid runs): bit for bit the one-pass launch, eagerly twice
-    (the second through the launch replay) and from a CUDA graph replayed on new queries; every
-    published flag holds FLAG afterwards."""
-    state = importlib.import_module("pagedattn.triton_kernels._decode_state")
-    gen = torch.Generator().manual_seed(43)
-    lens = [32768, 8192, 5001, 1, 700, 512] * 2
-    b = make_paged_batch(lens, num_kv_heads=8, head_dim=128, block_size=16, layout="bhsd",
-                         dtype=torch.bfloat16, device=device, gen=gen)
-
-    def queries():
-        return (6 * torch.randn(len(lens), 32, 128, generator=gen)).to(device=device,
-                                                                         dtype=torch.bfloat16)
-    q = queries()
-    one, one_lse = _decode(b, q, mode="one_pass", return_lse=True)
-    monkeypatch.setenv("PAGEDATTN_DECODE_COMBINE_WAIT", "flags")
-    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
-    for _ in range(2):
-        out, lse = _decode(b, q, mode="split", return_lse=True)
-        bad = (out != one).any(-1).nonzero()[:5].tolist()
-        assert torch.equal(out, one), f"(seq, head) differing: {bad}"
-        assert torch.equal(lse, one_lse)
-    _check(b, q, one, one_lse, lens, 1, torch.bfloat16)
-    seen = []
-    real = R.launch
-    monkeypatch.setattr(R, "launch", lambda rec, jf, grid, *a, **k: (
-        seen.append(k.get("flag_ptr")), real(rec, jf, grid, *a, **k))[1])
-    monkeypatch.setattr(R, "lookup", lambda key: None)  # the normal path: the spy sees flags
-    g_out = torch.empty_like(q)
-
-    def step():
-        decode.FORCE_MODE = "split"
-        try:
-            pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, layout=b.layout,
-                            backend="triton", out=g_out, validate=False)
-        finally:
-            decode.FORCE_MODE = None
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # the allocator's warm-up for the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    flags = seen[-1]  # the captured combine's
-    assert flags is not None and flags.dtype == torch.int64
-    for _ in range(3):  # new queries, a poisoned output
-        q.copy_(queries())
-        g_out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(g_out, _decode(b, q, mode="one_pass"))
-    for i, n in enumerate(lens):
-        parts = -(-n // 512)
-        if parts > 1:
-            assert (flags[i, :, :parts] == state.FLAG).all(), i

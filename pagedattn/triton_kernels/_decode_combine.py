@@ -4,8 +4,7 @@ import triton
 import triton.language as tl
 
 from pagedattn.triton_kernels._common import finalize_state
-from pagedattn.triton_kernels._decode_kernels import _store_rows
-from pagedattn.triton_kernels._decode_state import await_flags, gdc_wait
+from pagedattn.triton_kernels._decode_kernels import _store_rows, gdc_wait
 
 
 @triton.jit
@@ -18,12 +17,11 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     v_scale_ptr, sinks_ptr,  # float32 [Hkv], [Hq] or dummies
                     out_ptr, lse_ptr,  # [B, LQ, Hq, D], float32 [B, LQ, Hq]
                     ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
-                    flag_ptr,  # int64 [B, Hkv, P]: the states' ready flags (FLAGS), or a dummy
                     Hq, LQ, P, PART,
                     stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
                     G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
                     BLOCK_D: tl.constexpr, UNROLL: tl.constexpr, DSPLIT: tl.constexpr,
-                    C_STAGES: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr,
+                    C_STAGES: tl.constexpr, PDL: tl.constexpr,
                     HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
                     RETURN_LSE: tl.constexpr):
     """Merge the partition states of one output row in partition order (``_decode_state.merge``,
@@ -42,11 +40,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     SPLIT_COMBINE). The group loop is not pipelined (C_STAGES 1; more stages measured slower).
     PDL (NVIDIA sm_90+): launched as a programmatic dependent of the decode kernel, the
     program starts while the decode grid drains and waits (griddepcontrol.wait) only before
-    its first workspace read; seq_lens is an input, safe to read before. FLAGS
-    (``decode._combine_wait``): instead, each group waits for its own partitions' ready flags
-    (``_decode_state.await_flags``), so the groups of early partitions merge while the decode
-    grid still runs; the program waits for the whole grid only before it exits (the stream's
-    next kernel then finds every write of both grids done).
+    its first workspace read; seq_lens is an input, safe to read before.
     """
     h = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
@@ -54,7 +48,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     dc = tl.program_id(2) % DSPLIT
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
-    if PDL and not FLAGS:
+    if PDL:
         gdc_wait()  # every write of the decode grid is visible past this point
     if n_parts > 1:
         BLOCK_DC: tl.constexpr = BLOCK_D // DSPLIT
@@ -63,8 +57,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         v_scale = 1.0
         if HAS_KV_SCALE:
             v_scale = tl.load(v_scale_ptr + h)
-        fl_row0 = (s * tl.num_programs(0) + h) * P
-        row0 = fl_row0 * R + r
+        row0 = ((s * tl.num_programs(0) + h) * P) * R + r
         # every per-partition scalar is broadcast over the group's [UNROLL, BLOCK_DC] tile: with
         # one warp a thread then holds all UNROLL rows of its columns, so the running maxima (a
         # scan along axis 0) and pulling row u out (a sum with zeros along axis 0) stay inside
@@ -79,8 +72,6 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
             # max (exact), then a_u = exp2(M_before - M_after), b_u = exp2(m_u - M_after)
             pp = p0 + u_idx
             ok = pp < n_parts
-            if FLAGS:  # every program of the (sequence, head) reads each flag: R * DSPLIT
-                await_flags(flag_ptr + fl_row0 + pp, ok, R * DSPLIT, PDL)
             row = row0 + pp * R  # [UNROLL] int64
             # scalar loads (declared contiguity 1): the tile then takes the plain layout of the
             # broadcast scalars below, not a vectorised one that would need a conversion each
@@ -121,5 +112,3 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         o, lse2 = finalize_state(big_m, big_l, big_a, sink, HAS_SINK)
         _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, one == 0, (one + dc) == 0,
                     d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
-    if FLAGS and PDL:  # without it the stream's next kernel might start before the decode grid
-        gdc_wait()  # is done (single-partition rows were written there)

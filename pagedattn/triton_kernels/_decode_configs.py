@@ -164,16 +164,6 @@ def _fold_last():
     return _env_choice("PAGEDATTN_DECODE_FOLD", ("combine", "last"), "combine") == "last"
 
 
-def _combine_wait():
-    """PAGEDATTN_DECODE_COMBINE_WAIT: what the split launch's combine waits for before it reads
-    the parked states. ``grid`` (default): the whole decode grid (griddepcontrol.wait under
-    PDL); ``flags`` (A/B runs): each group of partitions' ready flags (``_decode_state.publish``
-    and ``await_flags``: int64 per partition, no zeroing), so the early partitions merge while
-    the decode grid still runs and only the last group waits for the slowest program. The
-    Triton tile loop only (the column split and the Gluon kernels keep ``grid``). Same bits."""
-    return _env_choice("PAGEDATTN_DECODE_COMBINE_WAIT", ("grid", "flags"), "grid")
-
-
 def _fold_tile(rows, block_d, num_warps, n_part_max):
     """(rows, states per round trip) of the in-kernel merge (``_decode_state.fold_last``): the
     group's own rows (a power of 2 >= rows, not the dot's 16), and as many states per round trip

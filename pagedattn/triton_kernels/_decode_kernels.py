@@ -8,8 +8,12 @@ import triton.language as tl
 from pagedattn.triton_kernels._common import (alibi_bias, finalize_state, kv_offset,
                                               online_softmax_step, soft_cap, visible)
 from pagedattn.triton_kernels._decode_cs import attend_cs, cs_block_ids
-from pagedattn.triton_kernels._decode_state import (fold_last, gdc_launch_dependents,
-                                                    merge as _merge, park as _park, publish)
+from pagedattn.triton_kernels._decode_state import fold_last, merge as _merge, park as _park
+
+try:  # grid dependency control (programmatic dependent launch), NVIDIA sm_90+
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # older triton: PDL stays off (decode._pdl), the names are never traced
+    gdc_launch_dependents = gdc_wait = None
 
 
 STAMPS = 8  # int64 per program in decode.TIMELINE (the Gluon kernel's layout)
@@ -199,7 +203,6 @@ def _decode_kernel(
         ws_ml_ptr,  # float32 [B, Hkv, P, R, 2]: (m_p, l_p) per partition and row
         ws_o_ptr,  # float32 [B, Hkv, P, R, D]: acc_p (unnormalised)
         cnt_ptr,  # int32 [B, Hkv]: parked partitions per (sequence, head) (FOLD), else a dummy
-        flag_ptr,  # int64 [B, Hkv, P]: ready flags of the parked states (FLAGS), else a dummy
         tl_ptr,  # int64 [programs, STAMPS]: TIMELINE stamps, else a dummy (never touched)
         scale, cap, window, Hq, LQ, P, BT_W, PPP,
         stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
@@ -217,8 +220,7 @@ def _decode_kernel(
         HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
         HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
         F16_DOT: tl.constexpr, FOLD: tl.constexpr, FOLD_R: tl.constexpr,
-        FOLD_UNROLL: tl.constexpr, TIMELINE: tl.constexpr, FLAGS: tl.constexpr,
-        READERS: tl.constexpr):
+        FOLD_UNROLL: tl.constexpr, TIMELINE: tl.constexpr):
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
     if TIMELINE:
@@ -258,8 +260,7 @@ def _decode_kernel(
     if HAS_SINK:
         sink = tl.load(sinks_ptr + qh, mask=row_ok, other=0.0)
     bt_row_ptr = block_table_ptr + s * stride_bt
-    fl_row0 = (s * tl.num_programs(0) + h) * P  # int64: (s, h, partition 0)
-    ws_row0 = fl_row0 * R  # (s, h, partition 0, row 0)
+    ws_row0 = ((s * tl.num_programs(0) + h) * P) * R  # int64: (s, h, partition 0, row 0)
     STEP: tl.constexpr = BLOCK_N if BLOCK_N <= PART else PART  # keys per tile
     first = lo // STEP * STEP  # the first tile holding a visible key
     if ONE_PASS:
@@ -318,10 +319,6 @@ def _decode_kernel(
                         Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
         elif not MULTI:  # park (m_p, l_p, acc_p) for the combine (MULTI parked in the loop)
             _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, d, d_mask, D)
-        if FLAGS and not ONE_PASS and n_parts > 1:  # the parked states are readable
-            # (after the loop: a barrier or an atomic in it stops the copies' pipelining)
-            for pe in range(p, tl.minimum(p + PPP, n_parts)):
-                publish(flag_ptr + fl_row0 + pe, READERS)
         if FOLD and not ONE_PASS and n_parts > 1:  # the last program to park merges (no combine)
             mine = 1  # partitions this program parked
             if MULTI:

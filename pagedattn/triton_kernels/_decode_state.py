@@ -1,54 +1,8 @@
 """Partition states of the Triton decode kernels: the online merge (:func:`merge`) and the
 workspace store of a split partition (:func:`park`). Shared by the plain tile loop
-(``_decode_kernels``) and the column split (``_decode_cs``). The per-partition ready flags of the
-flag-waiting combine (``decode._combine_wait``): :func:`publish` and :func:`await_flags`."""
+(``_decode_kernels``) and the column split (``_decode_cs``)."""
 import triton
 import triton.language as tl
-
-try:  # grid dependency control (programmatic dependent launch), NVIDIA sm_90+
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # older triton: PDL stays off (decode._pdl), the names are never traced
-    gdc_launch_dependents = gdc_wait = None
-
-# A published flag holds FLAG + the number of its readers; each reader takes 1 off after its
-# wait, so every flag of a finished call holds FLAG, never FLAG + n >= 1: a fresh (torch.empty)
-# workspace needs no zeroing, and a stale one never reads as published. Garbage that happens to
-# hold FLAG + n (n >= 1) is a 64-bit coincidence.
-FLAG = 0x5EED_F1A6_0000_0000
-_FLAG = tl.constexpr(FLAG)
-MAX_SPINS = 1 << 16  # polls before falling back to waiting for the whole decode grid
-_MAX_SPINS = tl.constexpr(MAX_SPINS)
-
-
-@triton.jit
-def publish(flag_ptr, readers: tl.constexpr):
-    """After :func:`park`: mark one parked partition readable (int64 flag_ptr). The barrier puts
-    every thread's parked stores before the release exchange (one thread; cumulative through
-    the barrier)."""
-    tl.debug_barrier()
-    tl.atomic_xchg(flag_ptr, _FLAG + readers, sem="release", scope="gpu")
-
-
-@triton.jit
-def await_flags(flag_ptrs, ok, readers: tl.constexpr, PDL: tl.constexpr):
-    """Wait until every flag of ``flag_ptrs`` (lanes ``ok``) is published (:func:`publish`),
-    then take this reader off each. Polls are volatile loads (one coalesced load a poll); the
-    take-off is an acq_rel add, the acquire of the publishers' releases, and the barrier extends
-    it to the whole program's later loads, which go through L2 (.cg). After MAX_SPINS polls (a
-    flag never published would be a bug) the program waits for the whole decode grid
-    (griddepcontrol.wait: every state is then visible) instead of hanging."""
-    n = tl.sum(ok.to(tl.int32), 0)
-    f = tl.load(flag_ptrs, mask=ok, other=0, volatile=True)
-    spins = 0
-    while (tl.sum((ok & (f > _FLAG) & (f <= _FLAG + readers)).to(tl.int32), 0) < n) \
-            & (spins < _MAX_SPINS):
-        f = tl.load(flag_ptrs, mask=ok, other=0, volatile=True)
-        spins += 1
-    if PDL:
-        if spins >= _MAX_SPINS:
-            gdc_wait()
-    tl.atomic_add(flag_ptrs, -1, mask=ok, sem="acq_rel", scope="gpu")
-    tl.debug_barrier()
 
 
 @triton.jit

@@ -158,7 +158,7 @@ DECODE_KNOBS = ("PAGEDATTN_DECODE_VARIANT", "PAGEDATTN_DECODE_GLUON_TILE",
                 "PAGEDATTN_DECODE_PPP", "PAGEDATTN_DECODE_MODE",
                 "PAGEDATTN_DECODE_CONFIG", "PAGEDATTN_DECODE_COMBINE", "PAGEDATTN_DECODE_PDL",
                 "PAGEDATTN_DECODE_MAXNREG", "PAGEDATTN_DECODE_FP8_DOT", "PAGEDATTN_DECODE_ROWSUM",
-                "PAGEDATTN_DECODE_FOLD", "PAGEDATTN_DECODE_COMBINE_WAIT",
+                "PAGEDATTN_DECODE_FOLD",
                 "TRITON_INTERPRET")
 _DECODE_KNOBS_KEY = _env.names(*DECODE_KNOBS)
 
@@ -187,7 +187,7 @@ def decode_tensors(call) -> dict:
             "v_scale": o.v_scale, "alibi": o.alibi_slopes, "sinks": o.sinks}
 
 
-def decode_recorder(call, q4, out4, lse, ws_ml, ws_o, flags, dummy):
+def decode_recorder(call, q4, out4, lse, ws_ml, ws_o, dummy):
     """A :class:`Recorder` for decode.run's launches (tensors that are one object share a slot:
     the key holds that aliasing)."""
     own = decode_tensors(call)
@@ -195,7 +195,7 @@ def decode_recorder(call, q4, out4, lse, ws_ml, ws_o, flags, dummy):
     slots = {id(t): name for name, t in own.items() if t is not None}
     slots[id(dummy)] = "dummy"
     allocs = {}
-    for name, t in (("lse", lse), ("ws_ml", ws_ml), ("ws_o", ws_o), ("flags", flags)):
+    for name, t in (("lse", lse), ("ws_ml", ws_ml), ("ws_o", ws_o)):
         if t is not dummy:
             slots[id(t)] = name
             allocs[name] = (tuple(t.shape), t.dtype)

@@ -43,11 +43,10 @@ from pagedattn.dispatch import core as _dispatch
 from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels import _replay
 from pagedattn.triton_kernels._decode_configs import (MAX_ROWS, _combine_config, _config,
-                                                      _combine_wait, _f16_dot, _fold_last,
-                                                      _fold_tile, _lazy_rowsum, _maxnreg)
+                                                      _f16_dot, _fold_last, _fold_tile,
+                                                      _lazy_rowsum, _maxnreg)
 from pagedattn.triton_kernels._decode_combine import _combine_kernel
-from pagedattn.triton_kernels._decode_kernels import STAMPS, _decode_kernel
-from pagedattn.triton_kernels._decode_state import gdc_wait
+from pagedattn.triton_kernels._decode_kernels import STAMPS, _decode_kernel, gdc_wait
 
 FORCE_MODE = None  # tests/bench: "one_pass" | "split" | None (rule); env PAGEDATTN_DECODE_MODE
 # scripts/decode_timeline.py --backend triton: an int64 CUDA tensor of >= STAMPS entries per
@@ -222,6 +221,8 @@ def run(call):
         ws_o = torch.empty((nb, hkv, n_part_max, rows, d), **f32)
     else:
         ws_ml = ws_o = dummy  # every sequence fits one partition
+    rec = None if key is None else _replay.decode_recorder(call, q4, out4, lse, ws_ml, ws_o,
+                                                            dummy)
     has_kv_scale = call.k_cache.dtype in FP8_DTYPES and o.k_scale is not None
     common = dict(G=group, R=rows, D=d, BLOCK_D=block_d,
                   HAS_SINK=o.sinks is not None, HAS_KV_SCALE=has_kv_scale,
@@ -241,14 +242,7 @@ def run(call):
         ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs, one)
     grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
     fold = _fold_last() and parked and gk is None  # knob read first: checked; Gluon: combine
-    # the combine waits per partition (ready flags) or for the whole grid; the Triton tile loop
-    # publishes (not the column split, nor the Gluon kernels)
-    by_flags = _combine_wait() == "flags" and parked and not fold and gk is None and sub == 1
-    flags = torch.empty((nb, hkv, n_part_max), dtype=torch.int64, device=dev) if by_flags \
-        else dummy  # no zeroing needed (_decode_state.FLAG)
     pdl = parked and not fold and _pdl(dev)
-    rec = None if key is None else _replay.decode_recorder(call, q4, out4, lse, ws_ml, ws_o,
-                                                            flags, dummy)
     if gk is not None:
         gk.launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max,
                   ppp, mode == "one_pass", pdl, *g_tile, rec=rec)
@@ -256,16 +250,14 @@ def run(call):
         _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max,
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
                        sub, common, rec,
-                       torch.zeros((nb, hkv), dtype=torch.int32, device=dev) if fold else dummy,
-                       flags, rows * c_dsplit)
+                       torch.zeros((nb, hkv), dtype=torch.int32, device=dev) if fold else dummy)
     if parked and not fold:
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
         _replay.launch(
             rec, _combine_kernel, (hkv, nb, rows * c_dsplit),
             seq_lens_ptr=call.seq_lens, v_scale_ptr=o.v_scale if has_kv_scale else dummy,
             sinks_ptr=o.sinks if o.sinks is not None else dummy, out_ptr=out4, lse_ptr=lse,
-            ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, flag_ptr=flags, FLAGS=by_flags, Hq=hq, LQ=lq,
-            P=n_part_max, PART=part,
+            ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, Hq=hq, LQ=lq, P=n_part_max, PART=part,
             stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
             UNROLL=c_unroll, DSPLIT=c_dsplit, C_STAGES=c_stages, PDL=pdl, num_warps=c_warps,
             launch_pdl=pdl, **common)
@@ -276,11 +268,9 @@ def run(call):
 
 def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max, ppp,
                    mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages, sub,
-                   common, rec, cnt, flags, readers):
+                   common, rec, cnt):
     """The Triton decode kernel (``_decode_kernels._decode_kernel``) on ``grid``; rec: an
-    ``_replay.Recorder`` or None; cnt: the fold counters (int32 zeros [B, Hkv]) or a dummy;
-    flags: the ready flags of the parked states (int64 [B, Hkv, P], ``_combine_wait``) or a
-    dummy, each read by ``readers`` combine programs."""
+    ``_replay.Recorder`` or None; cnt: the fold counters (int32 zeros [B, Hkv]) or a dummy."""
     q, o, bs = call.q, call.opts, call.geom.block_size
     lq, hq, d = q4.shape[1], q4.shape[2], q4.shape[3]
     one_block = bs % block_n == 0 and part % block_n == 0
@@ -299,8 +289,7 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         v_scale_ptr=o.v_scale if has_kv_scale else dummy,
         slopes_ptr=o.alibi_slopes if o.alibi_slopes is not None else dummy,
         sinks_ptr=o.sinks if o.sinks is not None else dummy,
-        out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, cnt_ptr=cnt, flag_ptr=flags,
-        FLAGS=flags.dtype == torch.int64, READERS=readers,
+        out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, cnt_ptr=cnt,
         tl_ptr=TIMELINE if TIMELINE is not None else dummy, TIMELINE=TIMELINE is not None,
         FOLD=fold, FOLD_R=fold_r, FOLD_UNROLL=fold_u, scale=float(o.scale),
         cap=float(o.logit_cap or 1.0),
