@@ -9,7 +9,7 @@ microseconds per variant and each variant's speed relative to the first (medians
 timings taken in rotated order, 3 by default). Outputs are not compared here (the GPU tests do).
 
 Usage: python scripts/hip_decode_ab.py [--quick] [--heads 64/1,48/2] [--blocks 16,32]
-[--kv e5m2] [--csv PATH]
+[--kv e5m2] [--shapes "B,CTX;..."] [--csv PATH]
 [--label L] VARIANT [VARIANT ...]
 """
 import argparse
@@ -51,6 +51,8 @@ def main(argv=None):
                     help="block sizes, comma-separated (default: the issue's 16 and 64)")
     ap.add_argument("--kv", default="bf16", choices=sorted(KV_DTYPES),
                     help="cache dtype (fp8: the bf16 cache cast, per-head scales 0.5)")
+    ap.add_argument("--shapes", default=None,
+                    help="(batch, ctx) pairs 'B,CTX;...' (default: the issue's five)")
     ap.add_argument("--csv", default=None, help="also write the table here")
     ap.add_argument("--rounds", type=int, default=3,
                     help="timings per variant, in rotated order; the table shows medians")
@@ -65,6 +67,8 @@ def main(argv=None):
         heads = [tuple(int(x) for x in pair.split("/")) for pair in args.heads.split(",")]
     if args.blocks:
         blocks = [int(x) for x in args.blocks.split(",")]
+    shapes = SHAPES if not args.shapes else [
+        tuple(int(x) for x in pair.split(",")) for pair in args.shapes.split(";")]
     rows = []
     names = [n for n, _ in variants]
     kv_dtype = getattr(torch, KV_DTYPES[args.kv])
@@ -75,7 +79,7 @@ def main(argv=None):
     print("|" + "---|" * (3 + 2 * len(names) - 1))
     for hq, hkv in heads:
         for bs in blocks:
-            for batch, ctx in SHAPES:
+            for batch, ctx in shapes:
                 q, k, v, table, lens = _case(batch, ctx, hq, hkv, bs, torch.bfloat16, "cuda", gen)
                 scale = None
                 if kv_dtype != torch.bfloat16:
