@@ -1,0 +1,52 @@
+"""Decode launch shapes on a ragged batch: one long sequence among short ones (GPU only).
+
+usage: python3 scripts/ragged_decode.py [--heads 32/8,32/32] [--batch 64] [--short 512]
+       [--long 32768] [--block 16] [--backends triton,hip]
+The launch rule picks one pass from the (sequence, KV head) count alone (dispatch.core.FILL);
+this times the rule's choice against each launch shape forced, from CUDA graphs, on a batch
+whose lengths are not equal: us per call and GB/s of the K/V actually visible.
+"""
+import argparse
+
+import torch
+
+from bench.bench_decode import D, _bench_graph, _case, _ours, _with_env
+
+MODES = {"triton": "PAGEDATTN_DECODE_MODE", "hip": "PAGEDATTN_HIP_DECODE_MODE"}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--heads", default="32/8,32/32")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--short", type=int, default=512)
+    ap.add_argument("--long", type=int, default=32768)
+    ap.add_argument("--block", type=int, default=16)
+    ap.add_argument("--backends", default="triton,hip")
+    a = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    print(f"# ragged decode: batch {a.batch} ({a.batch - 1} x {a.short} keys + 1 x {a.long}), "
+          f"block {a.block}, bf16, D {D}; us per call from CUDA graphs")
+    print("| Hq/Hkv | backend | rule | forced one pass | forced split | rule GB/s | split GB/s |")
+    print("|---|---|---|---|---|---|---|")
+    for pair in a.heads.split(","):
+        hq, hkv = (int(x) for x in pair.split("/"))
+        q, k, v, table, lens = _case(a.batch, a.long, hq, hkv, a.block, torch.bfloat16, "cuda",
+                                     gen)
+        lens.fill_(a.short)
+        lens[-1] = a.long
+        gb = (a.batch - 1) * a.short + a.long
+        gb = gb * hkv * D * 2 * 2 / 1e3  # K + V bytes visible, in kB: / us = GB/s
+        out = torch.empty_like(q)
+        for be in a.backends.split(","):
+            fn = _ours(q, k, v, table, lens, out, be)
+            t = [_bench_graph(_with_env(fn, **env)) for env in
+                 ({}, {MODES[be]: "one_pass"}, {MODES[be]: "split"})]
+            print(f"| {hq}/{hkv} | {be} | {t[0]:.1f} | {t[1]:.1f} | {t[2]:.1f} | "
+                  f"{gb / t[0]:.0f} | {gb / t[2]:.0f} |", flush=True)
+        del q, k, v, table, lens, out
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
