@@ -3,8 +3,9 @@
 usage: python3 scripts/ragged_decode.py [--heads 32/8,32/32] [--batch 64] [--short 512]
        [--long 32768] [--block 16] [--backends triton,hip]
 The launch rule picks one pass from the (sequence, KV head) count alone (dispatch.core.FILL);
-this times the rule's choice against each launch shape forced, from CUDA graphs, on a batch
-whose lengths are not equal: us per call and GB/s of the K/V actually visible.
+this times the rule's choice against each launch shape forced (and split with one partition per
+program), from CUDA graphs, on a batch whose lengths are not equal: us per call and GB/s of the
+K/V actually visible.
 """
 import argparse
 
@@ -13,6 +14,7 @@ import torch
 from bench.bench_decode import D, _bench_graph, _case, _ours, _with_env
 
 MODES = {"triton": "PAGEDATTN_DECODE_MODE", "hip": "PAGEDATTN_HIP_DECODE_MODE"}
+PPP = {"triton": "PAGEDATTN_DECODE_PPP", "hip": "PAGEDATTN_HIP_DECODE_PPP"}
 
 
 def main():
@@ -27,8 +29,9 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"# ragged decode: batch {a.batch} ({a.batch - 1} x {a.short} keys + 1 x {a.long}), "
           f"block {a.block}, bf16, D {D}; us per call from CUDA graphs")
-    print("| Hq/Hkv | backend | rule | forced one pass | forced split | rule GB/s | split GB/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| Hq/Hkv | backend | rule | forced one pass | forced split | split, 1 partition a "
+          "program | rule GB/s | split-1 GB/s |")
+    print("|---|---|---|---|---|---|---|---|")
     for pair in a.heads.split(","):
         hq, hkv = (int(x) for x in pair.split("/"))
         q, k, v, table, lens = _case(a.batch, a.long, hq, hkv, a.block, torch.bfloat16, "cuda",
@@ -41,9 +44,10 @@ def main():
         for be in a.backends.split(","):
             fn = _ours(q, k, v, table, lens, out, be)
             t = [_bench_graph(_with_env(fn, **env)) for env in
-                 ({}, {MODES[be]: "one_pass"}, {MODES[be]: "split"})]
-            print(f"| {hq}/{hkv} | {be} | {t[0]:.1f} | {t[1]:.1f} | {t[2]:.1f} | "
-                  f"{gb / t[0]:.0f} | {gb / t[2]:.0f} |", flush=True)
+                 ({}, {MODES[be]: "one_pass"}, {MODES[be]: "split"},
+                  {MODES[be]: "split", PPP[be]: "1"})]
+            print(f"| {hq}/{hkv} | {be} | {t[0]:.1f} | {t[1]:.1f} | {t[2]:.1f} | {t[3]:.1f} | "
+                  f"{gb / t[0]:.0f} | {gb / t[3]:.0f} |", flush=True)
         del q, k, v, table, lens, out
         torch.cuda.empty_cache()
 
