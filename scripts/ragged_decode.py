@@ -38,8 +38,8 @@ def main():
                                      gen)
         lens.fill_(a.short)
         lens[-1] = a.long
-        gb = (a.batch - 1) * a.short + a.long
-        gb = gb * hkv * D * 2 * 2 / 1e3  # K + V bytes visible, in kB: / us = GB/s
+        keys = (a.batch - 1) * a.short + a.long
+        kb = keys * hkv * D * 2 * 2 / 1e3  # K + V bytes visible, in kB: kB / us = GB/s
         out = torch.empty_like(q)
         for be in a.backends.split(","):
             fn = _ours(q, k, v, table, lens, out, be)
@@ -47,7 +47,7 @@ def main():
                  ({}, {MODES[be]: "one_pass"}, {MODES[be]: "split"},
                   {MODES[be]: "split", PPP[be]: "1"})]
             print(f"| {hq}/{hkv} | {be} | {t[0]:.1f} | {t[1]:.1f} | {t[2]:.1f} | {t[3]:.1f} | "
-                  f"{gb / t[0]:.0f} | {gb / t[3]:.0f} |", flush=True)
+                  f"{kb / t[0]:.0f} | {kb / t[3]:.0f} |", flush=True)
         del q, k, v, table, lens, out
         torch.cuda.empty_cache()
 
