@@ -1,7 +1,9 @@
-"""Decode launch shapes on a ragged batch: one long sequence among short ones (GPU only).
+"""Decode launch shapes on a ragged batch (GPU only).
 
 usage: python3 scripts/ragged_decode.py [--heads 32/8,32/32] [--batch 64] [--short 512]
-       [--long 32768] [--block 16] [--backends triton,hip]
+       [--long 32768] [--mix one_long|uniform|bimodal] [--block 16] [--backends triton,hip]
+Mixes: ``one_long`` (batch - 1 sequences of --short keys and one of --long), ``uniform``
+(lengths uniform in [1, --long], seeded), ``bimodal`` (half --short, half --long).
 The launch rule picks one pass from the (sequence, KV head) count alone (dispatch.core.FILL);
 this times the rule's choice against each launch shape forced (and split with one partition per
 program), from CUDA graphs, on a batch whose lengths are not equal: us per call and GB/s of the
@@ -17,17 +19,31 @@ MODES = {"triton": "PAGEDATTN_DECODE_MODE", "hip": "PAGEDATTN_HIP_DECODE_MODE"}
 PPP = {"triton": "PAGEDATTN_DECODE_PPP", "hip": "PAGEDATTN_HIP_DECODE_PPP"}
 
 
+def _lengths(a, gen):
+    """int32 [batch] lengths of the mix (on the CPU)."""
+    if a.mix == "uniform":
+        return torch.randint(1, a.long + 1, (a.batch,), generator=gen, dtype=torch.int32)
+    lens = torch.full((a.batch,), a.short, dtype=torch.int32)
+    if a.mix == "bimodal":
+        lens[a.batch // 2:] = a.long
+    else:
+        lens[-1] = a.long
+    return lens
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heads", default="32/8,32/32")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--short", type=int, default=512)
     ap.add_argument("--long", type=int, default=32768)
+    ap.add_argument("--mix", default="one_long", choices=("one_long", "uniform", "bimodal"))
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--backends", default="triton,hip")
     a = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    print(f"# ragged decode: batch {a.batch} ({a.batch - 1} x {a.short} keys + 1 x {a.long}), "
+    cpu_gen = torch.Generator().manual_seed(0)
+    print(f"# ragged decode: batch {a.batch}, mix {a.mix} (short {a.short}, long {a.long} keys), "
           f"block {a.block}, bf16, D {D}; us per call from CUDA graphs")
     print("| Hq/Hkv | backend | rule | forced one pass | forced split | split, 1 partition a "
           "program | rule GB/s | split-1 GB/s |")
@@ -36,9 +52,8 @@ def main():
         hq, hkv = (int(x) for x in pair.split("/"))
         q, k, v, table, lens = _case(a.batch, a.long, hq, hkv, a.block, torch.bfloat16, "cuda",
                                      gen)
-        lens.fill_(a.short)
-        lens[-1] = a.long
-        keys = (a.batch - 1) * a.short + a.long
+        lens.copy_(_lengths(a, cpu_gen).to(lens.device))
+        keys = int(lens.sum())
         kb = keys * hkv * D * 2 * 2 / 1e3  # K + V bytes visible, in kB: kB / us = GB/s
         out = torch.empty_like(q)
         for be in a.backends.split(","):
