@@ -28,10 +28,11 @@ def _trace(fn):
         for _ in range(CALLS):
             fn()
         torch.cuda.synchronize()
-    path = os.path.join(tempfile.mkdtemp(), "trace.json")
-    prof.export_chrome_trace(path)
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
+    with tempfile.TemporaryDirectory() as tmp:  # the trace can be tens of MB: not left behind
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
     kernels = collections.OrderedDict()
     for e in events:
         if e.get("cat") != "kernel":
