@@ -5,6 +5,7 @@ import triton.language as tl
 
 from pagedattn.triton_kernels._common import finalize_state
 from pagedattn.triton_kernels._decode_kernels import _store_rows, gdc_wait
+from pagedattn.triton_kernels._decode_state import balance
 
 
 @triton.jit
@@ -17,19 +18,20 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     v_scale_ptr, sinks_ptr,  # float32 [Hkv], [Hq] or dummies
                     out_ptr, lse_ptr,  # [B, LQ, Hq, D], float32 [B, LQ, Hq]
                     ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
-                    Hq, LQ, P, PART,
+                    Hq, LQ, P, PART, NB, FILL_N, SLOTS,
                     stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
                     G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
                     BLOCK_D: tl.constexpr, UNROLL: tl.constexpr, DSPLIT: tl.constexpr,
                     C_STAGES: tl.constexpr, PDL: tl.constexpr,
                     HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
-                    RETURN_LSE: tl.constexpr):
+                    RETURN_LSE: tl.constexpr, BAL: tl.constexpr, NB_BLOCK: tl.constexpr):
     """Merge the partition states of one output row in partition order (``_decode_state.merge``,
     the one-pass loop's arithmetic) and write out/lse.
 
     grid: (Hkv, B, R * DSPLIT): program (r, dc) merges columns [dc, dc + 1) * BLOCK_D / DSPLIT
     of row r (the merge is elementwise in d; every program recomputes the row's scalars, the
-    same numbers); sequences with a single partition were finished by _decode_kernel.
+    same numbers); sequences with a single partition were finished by _decode_kernel, and
+    under the balanced launch (BAL) those one program owned whole (``balance``, same inputs).
     UNROLL partitions per group: their states in one load (with one warp a thread holds all
     UNROLL rows of its columns, so pulling a row out takes no shuffles), the group's running
     maxima by a cumulative max and every exp2 of the merges at once; only L' = L a + l b and
@@ -48,6 +50,10 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     dc = tl.program_id(2) % DSPLIT
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
+    if BAL:  # reads inputs only: before the wait
+        _, whole = balance(seq_lens_ptr, NB, n_parts, tl.num_programs(0), FILL_N, SLOTS, PART,
+                           NB_BLOCK)
+        n_parts = tl.where(whole, 1, n_parts)
     if PDL:
         gdc_wait()  # every write of the decode grid is visible past this point
     if n_parts > 1:

@@ -8,7 +8,8 @@ import triton.language as tl
 from pagedattn.triton_kernels._common import (alibi_bias, finalize_state, kv_offset,
                                               online_softmax_step, soft_cap, visible)
 from pagedattn.triton_kernels._decode_cs import attend_cs, cs_block_ids
-from pagedattn.triton_kernels._decode_state import fold_last, merge as _merge, park as _park
+from pagedattn.triton_kernels._decode_state import (balance, fold_last, merge as _merge,
+                                                    park as _park)
 
 try:  # grid dependency control (programmatic dependent launch), NVIDIA sm_90+
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -73,7 +74,7 @@ def _fp16_q(q):
 
 @triton.jit
 def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
-            cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
+            cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, whole,
             stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
             stride_kdh: tl.int64, stride_kdl: tl.int64,
             stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
@@ -93,8 +94,9 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
     running (M, L, A) and restarted, so the K/V stream never leaves the pipelined loop; returns
     (M, L, A). PARK (split programs that own several partitions): when the sequence has more
     than one partition, each partition's state is stored to the workspace at its last tile and
-    restarted, exactly what one program per partition stores. blk_n: the block ids of the first
-    tile (:func:`_tile_block_ids`, loaded by the caller). q [BLOCK_M, BLOCK_D]; pos [BLOCK_M]
+    restarted, exactly what one program per partition stores. ONE_PASS and PARK (the balanced
+    split launch): merged when ``whole`` (the program owns the sequence), else parked; returns
+    the merged state. blk_n: the block ids of the first tile (:func:`_tile_block_ids`, loaded by the caller). q [BLOCK_M, BLOCK_D]; pos [BLOCK_M]
     absolute query positions; slope2 [BLOCK_M] ALiBi slopes (log2 domain). m, l: [BLOCK_M]
     (log2 domain); acc [BLOCK_M, BLOCK_D] float32. LAZY_L (``decode._lazy_rowsum``): the row sums
     stay per key lane ([BLOCK_M, BLOCK_N], rescaled like acc) and are summed over the lanes only
@@ -155,12 +157,18 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
         if ONE_PASS or PARK:
             end = start + STEP
             last = ((end % PART) == 0) | (end >= t_hi)  # the partition's last tile
-            if PARK:  # a single-partition sequence is finished by the caller
+            if PARK and not ONE_PASS:  # a single-partition sequence is finished by the caller
                 last = last & (n_parts > 1)
             if last:
                 if LAZY_L:
                     l_i = tl.sum(l_v, 1)
-                if ONE_PASS:
+                if ONE_PASS and PARK:  # balanced: a whole sequence folds, a share parks
+                    if whole:
+                        big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_i, l_i, acc)
+                    else:
+                        _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R + rows,
+                              row_ok, m_i, l_i, acc, d, d_mask, D)
+                elif ONE_PASS:
                     big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_i, l_i, acc)
                 else:
                     _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R + rows, row_ok,
@@ -204,7 +212,7 @@ def _decode_kernel(
         ws_o_ptr,  # float32 [B, Hkv, P, R, D]: acc_p (unnormalised)
         cnt_ptr,  # int32 [B, Hkv]: parked partitions per (sequence, head) (FOLD), else a dummy
         tl_ptr,  # int64 [programs, STAMPS]: TIMELINE stamps, else a dummy (never touched)
-        scale, cap, window, Hq, LQ, P, BT_W, PPP,
+        scale, cap, window, Hq, LQ, P, BT_W, PPP, NB, FILL_N, SLOTS,
         stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
         stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
         stride_bt: tl.int64,
@@ -220,9 +228,12 @@ def _decode_kernel(
         HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
         HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
         F16_DOT: tl.constexpr, FOLD: tl.constexpr, FOLD_R: tl.constexpr,
-        FOLD_UNROLL: tl.constexpr, TIMELINE: tl.constexpr):
+        FOLD_UNROLL: tl.constexpr, TIMELINE: tl.constexpr, BAL: tl.constexpr,
+        NB_BLOCK: tl.constexpr):
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
+    # balanced (BAL): (Hkv, B, decode._balance_axis), program a owns [a * ppp, a * ppp + ppp)
+    # with ppp from every sequence's length (_decode_state.balance); NB, FILL_N, SLOTS its inputs
     if TIMELINE:
         _stamp(tl_ptr, 0, Hq)
     if PDL:  # the combine launch may start now; it waits for this grid before reading
@@ -231,6 +242,7 @@ def _decode_kernel(
     s = tl.program_id(1).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
+    whole = n_parts > 0  # balanced launch: this program owns the whole sequence
     rows = tl.arange(0, BLOCK_M)  # row r = (query token r // G, head h*G + r % G)
     row_ok = rows < R
     qi = rows // G
@@ -278,6 +290,26 @@ def _decode_kernel(
                           tl.full((BLOCK_M,), float("-inf"), tl.float32),
                           tl.zeros((BLOCK_M,), tl.float32),
                           tl.zeros((BLOCK_M, BLOCK_D), tl.float32), d, d_mask, D)
+    elif BAL:
+        tl.static_assert(SUB == 1, "the balanced launch runs the plain tile loop")
+        a = tl.program_id(2)
+        ppp = n_parts
+        # a bound from this sequence alone (the batch holds >= NB - 1 more partitions per head):
+        # past it a program has nothing to do whatever the others' lengths, and skips the read
+        lb = tl.maximum((tl.num_programs(0) * (n_parts + NB - 1) + SLOTS - 1) // SLOTS, 1)
+        if a * lb < n_parts:
+            ppp, whole = balance(seq_lens_ptr, NB, n_parts, tl.num_programs(0), FILL_N, SLOTS,
+                                 PART, NB_BLOCK)
+        p = a * ppp
+        t_lo = tl.maximum(p * PART, first)
+        t_hi = tl.minimum((p + ppp) * PART, seq_len)
+        if HAS_WINDOW:  # a share's partitions wholly before the window: neutral states
+            if not whole:
+                for pe in range(p, tl.minimum(first // PART, p + ppp)):
+                    _park(ws_ml_ptr, ws_o_ptr, ws_row0 + pe * R + rows, row_ok,
+                          tl.full((BLOCK_M,), float("-inf"), tl.float32),
+                          tl.zeros((BLOCK_M,), tl.float32),
+                          tl.zeros((BLOCK_M, BLOCK_D), tl.float32), d, d_mask, D)
     else:
         p = tl.program_id(2)
         t_lo = tl.maximum(p * PART, first)
@@ -302,14 +334,19 @@ def _decode_kernel(
         else:
             m, l, acc = _attend(
                 q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
-                cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, stride_kb,
-                stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh,
-                stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N,
-                BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP,
+                cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, whole,
+                stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt,
+                stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M,
+                BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS or BAL, MULTI or BAL, R, D, CAUSAL, HAS_WINDOW, HAS_CAP,
                 HAS_ALIBI, IEEE, LAZY_L)
         if TIMELINE:
             _stamp(tl_ptr, 2, Hq)
-        if ONE_PASS or n_parts == 1:
+        if BAL:
+            if whole:
+                o, lse2 = finalize_state(m, l, acc, sink, HAS_SINK)
+                _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok, d_mask,
+                            v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
+        elif ONE_PASS or n_parts == 1:
             if not ONE_PASS:  # the state one-pass would hold: one merge into the empty state
                 m, l, acc = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32),
                                    tl.zeros((BLOCK_M,), tl.float32),

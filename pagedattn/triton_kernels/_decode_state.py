@@ -80,3 +80,26 @@ def fold_last(cnt_ptr, mine, n_parts, ws_ml_ptr, ws_o_ptr, ws_row0, d, d_mask, R
                 big_m, big_l, big_a = merge(big_m, big_l, big_a, m_p, l_p, acc_p)
         tl.store(cnt_ptr, 0)
     return last, big_m, big_l, big_a
+
+
+@triton.jit
+def balance(lens_ptr, NB, n_parts, HKV, FILL_N, SLOTS, PART,
+            NB_BLOCK: tl.constexpr):
+    """The balanced split launch's plan for one sequence of ``n_parts`` partitions, from every
+    sequence's length (``decode._balance``; the combine reads the same): (ppp, whole).
+
+    With T = HKV x the batch's partitions: each program takes ppp = cdiv(T, SLOTS) partitions
+    (SLOTS: resident programs of one wave), and a sequence is ``whole`` (one program folds its
+    partitions in registers and writes out, as one pass does) when it fits one program's share
+    (n_parts <= ppp) or is no larger than the mean work of FILL_N programs (n_parts * FILL_N <=
+    T: on equal lengths, one pass exactly when B * Hkv >= FILL_N). ppp = n_parts when whole.
+    """
+    tot = 0
+    for i in tl.range(0, NB, NB_BLOCK, num_stages=1):
+        j = i + tl.arange(0, NB_BLOCK)
+        n = tl.load(lens_ptr + j, mask=j < NB, other=0).to(tl.int32)
+        tot += tl.sum(tl.where(j < NB, tl.maximum((n + PART - 1) // PART, 1), 0))
+    tot = tot * HKV
+    ppp = tl.maximum((tot + SLOTS - 1) // SLOTS, 1)
+    whole = (n_parts <= ppp) | (n_parts * FILL_N <= tot)
+    return tl.where(whole, n_parts, ppp), whole

@@ -48,7 +48,11 @@ from pagedattn.triton_kernels._decode_configs import (MAX_ROWS, _combine_config,
 from pagedattn.triton_kernels._decode_combine import _combine_kernel
 from pagedattn.triton_kernels._decode_kernels import STAMPS, _decode_kernel, gdc_wait
 
-FORCE_MODE = None  # tests/bench: "one_pass" | "split" | None (rule); env PAGEDATTN_DECODE_MODE
+FORCE_MODE = None  # tests/bench: "one_pass" | "split" | "balance" | None (rule); env
+# PAGEDATTN_DECODE_MODE
+# tests: (FILL_N, SLOTS) of the balanced launch (_balance), else None (the device's)
+BALANCE = None
+NB_BLOCK = 256  # sequence lengths per load of _decode_state.balance
 # scripts/decode_timeline.py --backend triton: an int64 CUDA tensor of >= STAMPS entries per
 # program makes the Triton kernel's next launches write %globaltimer stamps into it (no replay
 # while set); None: no stamps (none compiled in)
@@ -88,6 +92,38 @@ def unsupported(q=None, k_cache=None, geom=None, **_):
     return why
 
 
+def _slots(smem, warps, device, regs=None):
+    """Resident programs of one wave (``smem``, warps, ``regs``: one program's shared memory,
+    warps and, where they may bound it, registers per thread)."""
+    props = torch.cuda.get_device_properties(device)
+    limit = getattr(props, "shared_memory_per_multiprocessor", 0) or 228 * 1024
+    per_sm = min(limit // max(smem, 1), 64 // warps)
+    if regs:
+        per_sm = min(per_sm, 65536 // (regs * 32 * warps))
+    return props.multi_processor_count * max(1, per_sm)
+
+
+def _balance(smem, warps, device):
+    """(FILL_N, SLOTS) of the balanced launch: a sequence no larger than the mean work of FILL_N
+    programs runs whole in one program (dispatch.core.FILL x SMs: on equal lengths this is the
+    measured one-pass rule); a longer one is cut into shares of cdiv(T, SLOTS) partitions (T: the
+    batch's partitions times Hkv; SLOTS: :func:`_slots`, one wave). ``BALANCE`` overrides."""
+    if BALANCE is not None:
+        return BALANCE
+    if device.type != "cuda":
+        return _dispatch.FILL, 4  # interpreter: tests set BALANCE for the cases they need
+    return _dispatch.FILL * _num_sms(device), _slots(smem, warps, device)
+
+
+def _balance_axis(n_part_max, nb, hkv, slots):
+    """The balanced grid's axis 2: every sequence's share count fits, whatever the lengths.
+    A share holds ppp >= cdiv(Hkv (n + nb - 1), SLOTS) partitions (the others hold >= 1 each),
+    so a sequence of n <= n_part_max partitions needs at most
+    ceil(n_part_max SLOTS / (Hkv (n_part_max + nb - 1))) programs (increasing in n)."""
+    need = -(-n_part_max * slots // (hkv * (n_part_max + nb - 1)))
+    return max(1, min(n_part_max, need))
+
+
 def _parts_per_program(programs, n_part_max, smem, warps, device, regs=None, one=False):
     """Partitions per split program (PAGEDATTN_DECODE_PPP: an integer, or ``auto``, the default).
 
@@ -103,12 +139,7 @@ def _parts_per_program(programs, n_part_max, smem, warps, device, regs=None, one
     if not ppp and (device.type != "cuda" or one):
         ppp = 1
     elif not ppp:
-        props = torch.cuda.get_device_properties(device)
-        limit = getattr(props, "shared_memory_per_multiprocessor", 0) or 228 * 1024
-        per_sm = min(limit // max(smem, 1), 64 // warps)
-        if regs:
-            per_sm = min(per_sm, 65536 // (regs * 32 * warps))
-        ppp = -(-programs // (props.multi_processor_count * max(1, per_sm)))
+        ppp = -(-programs // _slots(smem, warps, device, regs))
     return max(1, min(ppp, n_part_max), -(-n_part_max // 65535))
 
 
@@ -163,14 +194,25 @@ def _gluon(call, ks, vs, rows, part, device):
     return (None, None) if gk.unsupported(call, ks, vs, rows, part, tile[0]) else (gk, tile)
 
 
-def _mode(num_seqs, num_kv_heads, device):
+MODES = ("one_pass", "split", "balance")
+
+
+def _mode(num_seqs, num_kv_heads, device, n_part_max, gluon=False):
+    """The launch shape: forced (FORCE_MODE, PAGEDATTN_DECODE_MODE), else one pass when every
+    sequence fits one partition, else balanced; the Gluon kernel (no balanced form) takes the
+    count rule: one pass when the (head, sequence) programs alone make dispatch.core.FILL waves.
+    Every launch shape gives bitwise-equal outputs."""
     forced = FORCE_MODE or os.environ.get("PAGEDATTN_DECODE_MODE") or None
     if forced:
-        if forced not in ("one_pass", "split"):
-            raise ValueError(f"PAGEDATTN_DECODE_MODE: expected one_pass or split, got {forced!r}")
-        return forced
-    # one pass only when the (head, sequence) programs alone make many waves (dispatch.core.FILL,
-    # measured); both launch shapes give bitwise-equal outputs
+        if forced not in MODES:
+            raise ValueError(f"PAGEDATTN_DECODE_MODE: expected one_pass, split or balance, got "
+                             f"{forced!r}")
+        if forced != "balance" or not gluon:
+            return forced
+    if n_part_max == 1:
+        return "one_pass"
+    if not gluon and n_part_max <= 65535:
+        return "balance"
     return "one_pass" if num_seqs * num_kv_heads >= _dispatch.FILL * _num_sms(device) else "split"
 
 
@@ -209,8 +251,6 @@ def run(call):
     if sub > 1 and (part % block_n or block_n // sub < 16):
         sub = 1  # the column split needs whole tiles per partition and 16-key sub-tiles
     n_part_max = max(1, triton.cdiv(call.block_table.shape[1] * bs, part))  # host bound, no sync
-    mode = _mode(nb, hkv, dev)
-    parked = mode == "split" and n_part_max > 1  # partition states go through the workspace
     c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)  # env checked
     ks, vs = L.k_strides(call.k_cache, call.layout), L.v_strides(call.v_cache, call.layout)
     f32 = dict(dtype=torch.float32, device=dev)
@@ -229,6 +269,11 @@ def run(call):
                   RETURN_LSE=call.return_lse)
     # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
     gk, g_tile = _gluon(call, ks, vs, rows, part, dev)
+    mode = _mode(nb, hkv, dev, n_part_max, gk is not None)
+    # partition states go through the workspace
+    parked = mode in ("split", "balance") and n_part_max > 1
+    if mode == "balance":
+        sub = 1  # the column split serves the forced launch shapes only
     one = False
     if gk is not None:
         smem, (warps, regs) = gk.smem_bytes(d, *g_tile, rows=rows), gk.occupancy(rows, g_tile[0])
@@ -237,11 +282,18 @@ def run(call):
         smem = (num_stages * block_n * block_d * 2 * call.k_cache.element_size()
                 + block_m * block_d * 2)
         warps, regs = num_warps, None
-    ppp = 1
-    if parked:
-        ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs, one)
-    grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
-    fold = _fold_last() and parked and gk is None  # knob read first: checked; Gluon: combine
+    ppp, fill_n, slots = 1, 1, 1
+    if mode == "balance":
+        fill_n, slots = _balance(smem, warps, dev)
+        grid = (hkv, nb, _balance_axis(n_part_max, nb, hkv, slots))
+    else:
+        if parked:
+            ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs,
+                                     one)
+        grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
+    bal = dict(NB=nb, FILL_N=fill_n, SLOTS=slots, BAL=mode == "balance", NB_BLOCK=NB_BLOCK)
+    # knob read first: checked; Gluon and the balanced launch: the combine
+    fold = _fold_last() and mode == "split" and n_part_max > 1 and gk is None
     pdl = parked and not fold and _pdl(dev)
     if gk is not None:
         gk.launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max,
@@ -249,7 +301,7 @@ def run(call):
     else:
         _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max,
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
-                       sub, common, rec,
+                       sub, common, bal, rec,
                        torch.zeros((nb, hkv), dtype=torch.int32, device=dev) if fold else dummy)
     if parked and not fold:
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
@@ -260,7 +312,7 @@ def run(call):
             ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, Hq=hq, LQ=lq, P=n_part_max, PART=part,
             stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
             UNROLL=c_unroll, DSPLIT=c_dsplit, C_STAGES=c_stages, PDL=pdl, num_warps=c_warps,
-            launch_pdl=pdl, **common)
+            launch_pdl=pdl, **bal, **common)
     if rec is not None and (replay := rec.replay()) is not None:
         _replay.store(key, replay)
     return lse.view(q.shape[:-1]) if call.return_lse else None
@@ -268,7 +320,7 @@ def run(call):
 
 def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max, ppp,
                    mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages, sub,
-                   common, rec, cnt):
+                   common, bal, rec, cnt):
     """The Triton decode kernel (``_decode_kernels._decode_kernel``) on ``grid``; rec: an
     ``_replay.Recorder`` or None; cnt: the fold counters (int32 zeros [B, Hkv]) or a dummy."""
     q, o, bs = call.q, call.opts, call.geom.block_size
@@ -310,4 +362,4 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
         F16_DOT=_f16_dot(q.dtype, call.k_cache.dtype, q.device), BLOCK_M=block_m,
         num_warps=num_warps, num_stages=num_stages, **_maxnreg(q.device),
-        **common)
+        **bal, **common)

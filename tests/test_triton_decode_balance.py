@@ -1,0 +1,120 @@
+"""The balanced split launch of the Triton decode kernel (``decode.py``, mode ``balance``).
+
+Every program reads the batch's lengths and takes a share of its sequence sized by the whole
+batch's work, so a long sequence among short ones is cut across many programs while the short
+ones run whole. On the CPU the (FILL_N, SLOTS) pair is set through ``decode.BALANCE`` so that one
+small batch holds whole sequences, shared ones and programs with nothing to do; outputs must match
+the oracle and be bitwise those of the one-pass launch (batch invariance).
+"""
+import importlib
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import pagedattn as pa
+from attn_utils import make_paged_batch
+from test_triton_decode import _check
+
+PD = importlib.import_module("pagedattn.triton_kernels.decode")
+
+
+@pytest.fixture
+def launch_guard():
+    yield
+    PD.FORCE_MODE = None
+    PD.BALANCE = None
+
+
+def _plan(lens, part, hkv, fill_n, slots):
+    """An independent model of ``_decode_state.balance``: shares per sequence, and whether one
+    program owns the sequence whole."""
+    n = [max(1, math.ceil(x / part)) for x in lens]
+    tot = hkv * sum(n)
+    ppp = max(1, -(-tot // slots))
+    whole = [c <= ppp or c * fill_n <= tot for c in n]
+    return [1 if w else -(-c // ppp) for c, w in zip(n, whole)], whole
+
+
+@settings(max_examples=300, deadline=None)
+@given(lens=st.lists(st.integers(0, 5000), min_size=1, max_size=40),
+       part=st.sampled_from([16, 256, 512]), hkv=st.sampled_from([1, 2, 8, 32]),
+       slots=st.integers(1, 2000), width=st.integers(0, 64))
+def test_balance_axis_holds_every_share(lens, part, hkv, slots, width):
+    """The grid's axis 2 (from counts only) holds every share the device plan cuts, and the
+    program-local bound never skips a program that has work."""
+    bs = 16
+    pages = max(math.ceil(max(lens) / bs), 1) + width
+    n_part_max = max(1, math.ceil(pages * bs / part))
+    shares, _ = _plan(lens, part, hkv, 3 * 132, slots)
+    assert max(shares) <= PD._balance_axis(n_part_max, len(lens), hkv, slots)
+    tot = hkv * sum(max(1, math.ceil(x / part)) for x in lens)
+    ppp = max(1, -(-tot // slots))
+    for x in lens:
+        n = max(1, math.ceil(x / part))
+        lb = max(1, -(-hkv * (n + len(lens) - 1) // slots))
+        assert lb <= ppp, "the local bound exceeds the plan's share"
+
+
+def _run(b, q, mode, **kw):
+    PD.FORCE_MODE = mode
+    try:
+        return pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens,
+                               layout=b.layout, k_scale=b.k_scale, v_scale=b.v_scale,
+                               backend="triton", partition_size=16, return_lse=True, **kw)
+    finally:
+        PD.FORCE_MODE = None
+
+
+CASES = [  # lens, heads (hq, hkv), layout, dtypes, options, (FILL_N, SLOTS)
+    ([300, 5, 40, 2, 130], (4, 2), "bshd", (torch.float16, torch.float16), {}, (4, 8)),
+    ([200, 17, 64, 0], (2, 1), "vllm", (torch.float32, torch.float32),
+     {"sliding_window": 70, "sinks": True}, (3, 5)),
+    ([150, 9, 33], (4, 4), "hcu", (torch.float16, torch.float8_e4m3fn),
+     {"logit_cap": 5.0, "alibi": True}, (8, 16)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("q_len", [1, 2])
+def test_balanced_launch_matches_oracle_and_one_pass_bitwise(device, launch_guard, case, q_len):
+    lens, (hq, hkv), layout, (qd, kvd), opts, bal = CASES[case]
+    lens = [max(n, q_len) if q_len > 1 else n for n in lens]  # empty rows: q_len 1 only
+    gen = torch.Generator().manual_seed(100 + case)
+    b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=32, block_size=8, layout=layout,
+                         dtype=kvd, device=device, gen=gen, exact_capacity=False)
+    shape = (len(lens), hq, 32) if q_len == 1 else (len(lens), q_len, hq, 32)
+    q = torch.randn(shape, generator=gen).to(device=device, dtype=qd)
+    o = dict(opts)
+    if o.pop("sinks", False):
+        o["sinks"] = (torch.randn(hq, generator=gen) + 1).to(device)
+    if o.pop("alibi", False):
+        o["alibi_slopes"] = torch.rand(hq, generator=gen).to(device)
+    shares, whole = _plan(lens, 16, hkv, *bal)
+    assert not all(whole) and max(shares) > 1, "the case must cut a sequence into shares"
+    PD.BALANCE = bal
+    out, lse = _run(b, q, "balance", **o)
+    key = "fp8" if kvd.itemsize == 1 else qd
+    _check(b, q, out, lse, lens, q_len, key, **o)
+    ref, ref_lse = _run(b, q, "one_pass", **o)
+    assert torch.equal(out, ref), "balanced vs one-pass outputs differ"
+    assert torch.equal(lse, ref_lse), "balanced vs one-pass lse differ"
+
+
+def test_default_rule_is_balanced_when_a_sequence_spans_partitions(device, launch_guard,
+                                                                  monkeypatch):
+    seen = []
+    real = PD._mode
+    monkeypatch.setattr(PD, "_mode", lambda *a: seen.append(real(*a)) or seen[-1])
+    gen = torch.Generator().manual_seed(3)
+    for lens in ([40, 3], [12, 3]):  # partition 16: 3 partitions, then 1
+        b = make_paged_batch(lens, num_kv_heads=1, head_dim=32, block_size=16, layout="bhsd",
+                             dtype=torch.float16, device=device, gen=gen)
+        q = torch.randn(2, 2, 32, generator=gen).to(device=device, dtype=torch.float16)
+        pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, layout="bhsd",
+                        backend="triton", partition_size=16)
+    assert seen == ["balance", "one_pass"]
+    monkeypatch.setenv("PAGEDATTN_DECODE_MODE", "spread")
+    with pytest.raises(ValueError, match="PAGEDATTN_DECODE_MODE"):
+        real(1, 1, device, 4)
