@@ -22,7 +22,7 @@ Shapes: Hq/Hkv 32/8 and 32/32, D 128, bf16, block 16 and 64, (batch, ctx) in
 * CUDA-graph times (``*_graph_*``): the median of ROUNDS rounds; each round times every peer
   once, in an order rotated by one peer per round.
 
-Usage: ``python -m bench.bench_decode [--quick] [--out DIR] [--mode one_pass|split]``.
+Usage: ``python -m bench.bench_decode [--quick] [--out DIR] [--mode one_pass|split|balance|count]``.
 On a CPU it runs one tiny shape under the Triton interpreter and says so (timings meaningless).
 """
 import argparse
@@ -145,7 +145,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one head config, block 16, 3 shapes")
     ap.add_argument("--out", default=None, help="directory for bench_decode.{csv,md}")
-    ap.add_argument("--mode", default=None, choices=["one_pass", "split"],
+    ap.add_argument("--mode", default=None, choices=["one_pass", "split", "balance", "count"],
                     help="force the launch shape (default: the kernel's rule)")
     args = ap.parse_args(argv)
 
@@ -199,7 +199,9 @@ def main(argv=None):
                                      note=f"setup failed: {e}"[:80]))
                     continue
                 nbytes = 2 * batch * ctx * hkv * D * k.element_size() + 2 * q.numel() * 2
-                mode = args.mode or PD._mode(batch, hkv, q.device)
+                n_part = -(-table.shape[1] * bs // PD.default_partition_size(hq // hkv))
+                mode = args.mode or PD._mode(batch, hkv, q.device, n_part,
+                                             hq == hkv or bs >= 64)  # the Gluon kernel's rows
                 row = dict(Hq=hq, Hkv=hkv, block=bs, batch=batch, ctx=ctx, mode=mode,
                            MB=round(nbytes / 1e6, 1))
                 out = torch.empty_like(q)

@@ -1,13 +1,15 @@
 """Decode launch shapes on a ragged batch (GPU only).
 
 usage: python3 scripts/ragged_decode.py [--heads 32/8,32/32] [--batch 64] [--short 512]
-       [--long 32768] [--mix one_long|uniform|bimodal] [--block 16] [--backends triton,hip]
+       [--long 32768] [--mix one_long|uniform|bimodal] [--block 16]
+       [--backends triton,triton_tl,hip]
 Mixes: ``one_long`` (batch - 1 sequences of --short keys and one of --long), ``uniform``
 (lengths uniform in [1, --long], seeded), ``bimodal`` (half --short, half --long).
-The launch rule picks one pass from the (sequence, KV head) count alone (dispatch.core.FILL);
-this times the rule's choice against each launch shape forced (and split with one partition per
-program), from CUDA graphs, on a batch whose lengths are not equal: us per call and GB/s of the
-K/V actually visible.
+Times the launch rule (Triton: balanced, shares sized from the lengths on the device; the Gluon
+kernel and HIP: the count rule) against the count rule (Triton), each launch shape forced and
+split with one partition per program, from CUDA graphs, on a batch whose lengths are not equal:
+us per call and GB/s of the K/V actually visible. ``triton_tl``: the Triton kernel forced
+(PAGEDATTN_DECODE_VARIANT=triton; the Gluon kernel serves MHA and 64-token pages).
 """
 import argparse
 
@@ -17,6 +19,7 @@ from bench.bench_decode import D, _bench_graph, _case, _ours, _with_env
 
 MODES = {"triton": "PAGEDATTN_DECODE_MODE", "hip": "PAGEDATTN_HIP_DECODE_MODE"}
 PPP = {"triton": "PAGEDATTN_DECODE_PPP", "hip": "PAGEDATTN_HIP_DECODE_PPP"}
+BASE = {"triton": {}, "triton_tl": {"PAGEDATTN_DECODE_VARIANT": "triton"}, "hip": {}}
 
 
 def _lengths(a, gen):
@@ -39,15 +42,15 @@ def main():
     ap.add_argument("--long", type=int, default=32768)
     ap.add_argument("--mix", default="one_long", choices=("one_long", "uniform", "bimodal"))
     ap.add_argument("--block", type=int, default=16)
-    ap.add_argument("--backends", default="triton,hip")
+    ap.add_argument("--backends", default="triton,triton_tl,hip")
     a = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     cpu_gen = torch.Generator().manual_seed(0)
     print(f"# ragged decode: batch {a.batch}, mix {a.mix} (short {a.short}, long {a.long} keys), "
           f"block {a.block}, bf16, D {D}; us per call from CUDA graphs")
-    print("| Hq/Hkv | backend | rule | forced one pass | forced split | split, 1 partition a "
-          "program | rule GB/s | split-1 GB/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| Hq/Hkv | backend | rule | count rule | forced one pass | forced split | split, 1 "
+          "partition a program | rule GB/s | split-1 GB/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for pair in a.heads.split(","):
         hq, hkv = (int(x) for x in pair.split("/"))
         q, k, v, table, lens = _case(a.batch, a.long, hq, hkv, a.block, torch.bfloat16, "cuda",
@@ -57,12 +60,16 @@ def main():
         kb = keys * hkv * D * 2 * 2 / 1e3  # K + V bytes visible, in kB: kB / us = GB/s
         out = torch.empty_like(q)
         for be in a.backends.split(","):
-            fn = _ours(q, k, v, table, lens, out, be)
-            t = [_bench_graph(_with_env(fn, **env)) for env in
-                 ({}, {MODES[be]: "one_pass"}, {MODES[be]: "split"},
-                  {MODES[be]: "split", PPP[be]: "1"})]
-            print(f"| {hq}/{hkv} | {be} | {t[0]:.1f} | {t[1]:.1f} | {t[2]:.1f} | {t[3]:.1f} | "
-                  f"{kb / t[0]:.0f} | {kb / t[3]:.0f} |", flush=True)
+            kind = "hip" if be == "hip" else "triton"
+            fn = _ours(q, k, v, table, lens, out, kind)
+            envs = [{}, {MODES[kind]: "count"} if kind == "triton" else None,
+                    {MODES[kind]: "one_pass"}, {MODES[kind]: "split"},
+                    {MODES[kind]: "split", PPP[kind]: "1"}]
+            t = [None if env is None else _bench_graph(_with_env(fn, **BASE[be], **env))
+                 for env in envs]
+            cells = " | ".join("-" if x is None else f"{x:.1f}" for x in t)
+            print(f"| {hq}/{hkv} | {be} | {cells} | {kb / t[0]:.0f} | {kb / t[4]:.0f} |",
+                  flush=True)
         del q, k, v, table, lens, out
         torch.cuda.empty_cache()
 

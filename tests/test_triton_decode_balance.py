@@ -118,3 +118,33 @@ def test_default_rule_is_balanced_when_a_sequence_spans_partitions(device, launc
     monkeypatch.setenv("PAGEDATTN_DECODE_MODE", "spread")
     with pytest.raises(ValueError, match="PAGEDATTN_DECODE_MODE"):
         real(1, 1, device, 4)
+    monkeypatch.setenv("PAGEDATTN_DECODE_MODE", "count")  # the count rule, on request
+    assert real(1, 1, device, 4) == "split" and real(1, 1, device, 1) == "one_pass"
+    monkeypatch.setenv("PAGEDATTN_DECODE_MODE", "balance")
+    assert real(1, 1, device, 4, True) == "split", "the Gluon kernel has no balanced form"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,bs", [((32, 8), 16), ((32, 32), 16), ((32, 8), 64),
+                                      ((64, 8), 16)])
+def test_gpu_ragged_batch_balanced(device, launch_guard, monkeypatch, heads, bs):
+    """Real sizes, bf16, the device's own (FILL_N, SLOTS): a long sequence among short ones is
+    cut into shares; outputs match the oracle and are bitwise the one-pass launch's. The Triton
+    kernel is forced (the Gluon kernel serves MHA and 64-token pages with the count rule)."""
+    monkeypatch.setenv(PD.VARIANT_ENV, "triton")
+    hq, hkv = heads
+    lens = [512] * 40 + [9000, 1, 4097, 513]
+    gen = torch.Generator().manual_seed(hq + hkv + bs)
+    b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=128, block_size=bs, layout="bhsd",
+                         dtype=torch.bfloat16, device=device, gen=gen, exact_capacity=False)
+    q = torch.randn(len(lens), hq, 128, generator=gen).to(device=device, dtype=torch.bfloat16)
+    kw = dict(layout="bhsd", backend="triton", return_lse=True)
+    seen = []
+    real = PD._mode
+    monkeypatch.setattr(PD, "_mode", lambda *a: seen.append(real(*a)) or seen[-1])
+    out, lse = pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, **kw)
+    assert seen == ["balance"]
+    _check(b, q, out, lse, lens, 1, torch.bfloat16)
+    PD.FORCE_MODE = "one_pass"
+    ref, ref_lse = pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, **kw)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse), "balanced vs one pass differ"

@@ -60,12 +60,13 @@ fp8_bn, fp8_warps, fp8_stages = D._FP8_CONFIGS[("nvidia", (128, 16))]
 # launcher's fp8 tiles
 # (PAGEDATTN_DECODE_FOLD=last: the split launches merging in the kernel, the launcher's group)
 fold_r, fold_u = D._fold_tile(4, 128, warps, 64)
-# (TIMELINE: decode_timeline.py's stamps)
-for kv, one_pass, multi, fold, stamps in (
-        ("bf16", False, False, False, False), ("bf16", True, False, False, False),
-        ("bf16", False, True, False, False), ("fp8e4nv", True, False, False, False),
-        ("bf16", False, False, True, False), ("bf16", False, True, True, False),
-        ("bf16", False, True, False, True)):
+# (TIMELINE: decode_timeline.py's stamps; BAL: the balanced split launch)
+for kv, one_pass, multi, fold, stamps, bal in (
+        ("bf16", False, False, False, False, False), ("bf16", True, False, False, False, False),
+        ("bf16", False, True, False, False, False), ("fp8e4nv", True, False, False, False, False),
+        ("bf16", False, False, True, False, False), ("bf16", False, True, True, False, False),
+        ("bf16", False, True, False, True, False), ("bf16", False, False, False, False, True),
+        ("fp8e4nv", False, False, False, False, True)):
     KV_TYPE = kv
     fp8 = kv != "bf16"
     tile = fp8_bn if fp8 else bn
@@ -74,7 +75,7 @@ for kv, one_pass, multi, fold, stamps in (
         BLOCK_N=tile, PART=512, ONE_BLOCK=bs % tile == 0, ONE_PASS=one_pass, MULTI=multi,
         SUB=1, LAZY_L=D._lazy_rowsum(16, tile), FOLD=fold, FOLD_R=fold_r if fold else 1,
         FOLD_UNROLL=fold_u if fold else 1, PDL=not (one_pass or fold), CAUSAL=False,
-        TIMELINE=stamps,
+        TIMELINE=stamps, BAL=bal, NB_BLOCK=256,
         HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False,
         IEEE=False, F16_DOT=fp8, HAS_KV_SCALE=fp8), ("scale", "cap"),
         num_warps=fp8_warps if fp8 else warps, num_stages=fp8_stages if fp8 else stages)
@@ -85,14 +86,17 @@ for kv, one_pass, multi, fold, stamps in (
     assert ("atom.global.gpu.acq_rel.add" in k.asm["ptx"]) == fold
     assert ("%globaltimer" in k.asm["ptx"]) == stamps
     res = resource_usage(k)
+    print(kv, one_pass, multi, fold, stamps, bal, res)
     if fold and res is not None:  # the merge's group stays in registers: 4 programs per SM
         regs = int(re.search(r"REG:(\d+)", res).group(1))
         assert re.search(r"STACK:0\b", res) and regs <= 128, res
 KV_TYPE = "bf16"
 unroll, warps, dsplit, c_stages = D.SPLIT_COMBINE
-k = compile_one(_combine_kernel, dict(common, UNROLL=unroll, DSPLIT=dsplit, C_STAGES=c_stages,
-                                      PDL=True), (), num_warps=warps)
-assert "griddepcontrol.wait" in k.asm["ptx"]
+for bal in (False, True):
+    k = compile_one(_combine_kernel, dict(common, UNROLL=unroll, DSPLIT=dsplit,
+                                          C_STAGES=c_stages, PDL=True, BAL=bal, NB_BLOCK=256), (),
+                    num_warps=warps)
+    assert "griddepcontrol.wait" in k.asm["ptx"]
 print("DECODE_COMPILES_OK")
 """
 

@@ -135,8 +135,12 @@ def _variant(backend, op, f, arch) -> Tuple[str, dict, list]:
             if backend == "hip" else {}
     else:
         part, pwhy = partition_size_for(f["group"], f["block_size"], f["partition_size"])
+        gluon = arch.arch == "sm_90" and (f["group"] == 1 or (f["block_size"] or 0) >= 64)
         if f["short"]:
             variant, vwhy = "one_pass", f"one pass: the context fits one {part}-token partition"
+        elif backend == "triton" and not gluon:
+            variant, vwhy = "balanced", ("balanced split: each program sizes its share of a "
+                                         "sequence from the batch's lengths, on the device")
         elif f["fills"]:
             variant, vwhy = "one_pass", (f"one pass: num_seqs * num_kv_heads >= {FILL} x "
                                          f"{arch.num_cus} CUs fills the device")
@@ -145,8 +149,8 @@ def _variant(backend, op, f, arch) -> Tuple[str, dict, list]:
             vwhy = ("split-KV: num_seqs * num_kv_heads " + ("unknown" if f["fills"] is None else
                     f"< {FILL} x {arch.num_cus} CUs") + ", partitions fill the device")
         why.append(vwhy)
-        params = {"partition_size": part} if variant == "split_kv" else {}
-        if variant == "split_kv":
+        params = {"partition_size": part} if variant in ("split_kv", "balanced") else {}
+        if variant in ("split_kv", "balanced"):
             why.append(pwhy)
         if backend == "hip" and f["group"] is not None:
             reuse, heads = reuse_kv_times(f["group"])

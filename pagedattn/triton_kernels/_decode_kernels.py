@@ -74,7 +74,7 @@ def _fp16_q(q):
 
 @triton.jit
 def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
-            cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, whole,
+            cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
             stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
             stride_kdh: tl.int64, stride_kdl: tl.int64,
             stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
@@ -94,9 +94,8 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
     running (M, L, A) and restarted, so the K/V stream never leaves the pipelined loop; returns
     (M, L, A). PARK (split programs that own several partitions): when the sequence has more
     than one partition, each partition's state is stored to the workspace at its last tile and
-    restarted, exactly what one program per partition stores. ONE_PASS and PARK (the balanced
-    split launch): merged when ``whole`` (the program owns the sequence), else parked; returns
-    the merged state. blk_n: the block ids of the first tile (:func:`_tile_block_ids`, loaded by the caller). q [BLOCK_M, BLOCK_D]; pos [BLOCK_M]
+    restarted, exactly what one program per partition stores. blk_n: the block ids of the first
+    tile (:func:`_tile_block_ids`, loaded by the caller). q [BLOCK_M, BLOCK_D]; pos [BLOCK_M]
     absolute query positions; slope2 [BLOCK_M] ALiBi slopes (log2 domain). m, l: [BLOCK_M]
     (log2 domain); acc [BLOCK_M, BLOCK_D] float32. LAZY_L (``decode._lazy_rowsum``): the row sums
     stay per key lane ([BLOCK_M, BLOCK_N], rescaled like acc) and are summed over the lanes only
@@ -157,18 +156,12 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
         if ONE_PASS or PARK:
             end = start + STEP
             last = ((end % PART) == 0) | (end >= t_hi)  # the partition's last tile
-            if PARK and not ONE_PASS:  # a single-partition sequence is finished by the caller
+            if PARK:  # a single-partition sequence is finished by the caller
                 last = last & (n_parts > 1)
             if last:
                 if LAZY_L:
                     l_i = tl.sum(l_v, 1)
-                if ONE_PASS and PARK:  # balanced: a whole sequence folds, a share parks
-                    if whole:
-                        big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_i, l_i, acc)
-                    else:
-                        _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R + rows,
-                              row_ok, m_i, l_i, acc, d, d_mask, D)
-                elif ONE_PASS:
+                if ONE_PASS:
                     big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_i, l_i, acc)
                 else:
                     _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R + rows, row_ok,
@@ -331,13 +324,30 @@ def _decode_kernel(
                 stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N,
                 BLOCK_D, SUB, PART, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI,
                 IEEE)
+        elif BAL:  # one loop per kind of program, each with its launch shape's registers
+            if whole:  # the one-pass loop
+                m, l, acc = _attend(
+                    q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
+                    qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
+                    stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
+                    stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
+                    V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, True, False,
+                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L)
+            else:  # a share: the split loop, parking every partition (n_parts > 1 here)
+                m, l, acc = _attend(
+                    q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
+                    qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
+                    stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
+                    stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
+                    V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, False, True,
+                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L)
         else:
             m, l, acc = _attend(
                 q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
-                cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, whole,
-                stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt,
-                stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M,
-                BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS or BAL, MULTI or BAL, R, D, CAUSAL, HAS_WINDOW, HAS_CAP,
+                cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, stride_kb,
+                stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh,
+                stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N,
+                BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP,
                 HAS_ALIBI, IEEE, LAZY_L)
         if TIMELINE:
             _stamp(tl_ptr, 2, Hq)

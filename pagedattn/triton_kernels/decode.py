@@ -194,24 +194,24 @@ def _gluon(call, ks, vs, rows, part, device):
     return (None, None) if gk.unsupported(call, ks, vs, rows, part, tile[0]) else (gk, tile)
 
 
-MODES = ("one_pass", "split", "balance")
+MODES = ("one_pass", "split", "balance", "count")
 
 
 def _mode(num_seqs, num_kv_heads, device, n_part_max, gluon=False):
-    """The launch shape: forced (FORCE_MODE, PAGEDATTN_DECODE_MODE), else one pass when every
-    sequence fits one partition, else balanced; the Gluon kernel (no balanced form) takes the
-    count rule: one pass when the (head, sequence) programs alone make dispatch.core.FILL waves.
-    Every launch shape gives bitwise-equal outputs."""
+    """The launch shape: one_pass or split when forced (FORCE_MODE, PAGEDATTN_DECODE_MODE); else
+    one pass when every sequence fits one partition; else balanced; ``count`` (forced) and the
+    Gluon kernel (no balanced form) take the count rule: one pass when the (head, sequence)
+    programs alone make dispatch.core.FILL waves, else split. Every launch shape gives
+    bitwise-equal outputs."""
     forced = FORCE_MODE or os.environ.get("PAGEDATTN_DECODE_MODE") or None
-    if forced:
-        if forced not in MODES:
-            raise ValueError(f"PAGEDATTN_DECODE_MODE: expected one_pass, split or balance, got "
-                             f"{forced!r}")
-        if forced != "balance" or not gluon:
-            return forced
+    if forced not in (None,) + MODES:
+        raise ValueError(f"PAGEDATTN_DECODE_MODE: expected one of {', '.join(MODES)}, got "
+                         f"{forced!r}")
+    if forced in ("one_pass", "split"):
+        return forced
     if n_part_max == 1:
         return "one_pass"
-    if not gluon and n_part_max <= 65535:
+    if forced != "count" and not gluon and n_part_max <= 65535:
         return "balance"
     return "one_pass" if num_seqs * num_kv_heads >= _dispatch.FILL * _num_sms(device) else "split"
 
