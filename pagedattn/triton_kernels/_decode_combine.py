@@ -18,7 +18,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     v_scale_ptr, sinks_ptr,  # float32 [Hkv], [Hq] or dummies
                     out_ptr, lse_ptr,  # [B, LQ, Hq, D], float32 [B, LQ, Hq]
                     ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
-                    Hq, LQ, P, PART, NB, FILL_N, SLOTS,
+                    Hq, LQ, P, PART, NB, FILL_N, SLOTS, FINE,
                     stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
                     G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
                     BLOCK_D: tl.constexpr, UNROLL: tl.constexpr, DSPLIT: tl.constexpr,
@@ -51,8 +51,8 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
     if BAL:  # reads inputs only: before the wait
-        _, whole = balance(seq_lens_ptr, NB, n_parts, tl.num_programs(0), FILL_N, SLOTS, PART,
-                           NB_BLOCK)
+        _, whole = balance(seq_lens_ptr, NB, n_parts, tl.num_programs(0), FILL_N, SLOTS, FINE,
+                           PART, NB_BLOCK)
         n_parts = tl.where(whole, 1, n_parts)
     if PDL:
         gdc_wait()  # every write of the decode grid is visible past this point

@@ -205,7 +205,7 @@ def _decode_kernel(
         ws_o_ptr,  # float32 [B, Hkv, P, R, D]: acc_p (unnormalised)
         cnt_ptr,  # int32 [B, Hkv]: parked partitions per (sequence, head) (FOLD), else a dummy
         tl_ptr,  # int64 [programs, STAMPS]: TIMELINE stamps, else a dummy (never touched)
-        scale, cap, window, Hq, LQ, P, BT_W, PPP, NB, FILL_N, SLOTS,
+        scale, cap, window, Hq, LQ, P, BT_W, PPP, NB, FILL_N, SLOTS, FINE,
         stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
         stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
         stride_bt: tl.int64,
@@ -226,7 +226,8 @@ def _decode_kernel(
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
     # balanced (BAL): (Hkv, B, decode._balance_axis), program a owns [a * ppp, a * ppp + ppp)
-    # with ppp from every sequence's length (_decode_state.balance); NB, FILL_N, SLOTS its inputs
+    # with ppp from every sequence's length (_decode_state.balance); NB, FILL_N, SLOTS, FINE: its
+    # inputs
     if TIMELINE:
         _stamp(tl_ptr, 0, Hq)
     if PDL:  # the combine launch may start now; it waits for this grid before reading
@@ -289,10 +290,11 @@ def _decode_kernel(
         ppp = n_parts
         # a bound from this sequence alone (the batch holds >= NB - 1 more partitions per head):
         # past it a program has nothing to do whatever the others' lengths, and skips the read
-        lb = tl.maximum((tl.num_programs(0) * (n_parts + NB - 1) + SLOTS - 1) // SLOTS, 1)
+        lb = tl.maximum((tl.num_programs(0) * (n_parts + NB - 1) + FINE * SLOTS - 1)
+                        // (FINE * SLOTS), 1)
         if a * lb < n_parts:
             ppp, whole = balance(seq_lens_ptr, NB, n_parts, tl.num_programs(0), FILL_N, SLOTS,
-                                 PART, NB_BLOCK)
+                                 FINE, PART, NB_BLOCK)
         p = a * ppp
         t_lo = tl.maximum(p * PART, first)
         t_hi = tl.minimum((p + ppp) * PART, seq_len)

@@ -83,23 +83,30 @@ def fold_last(cnt_ptr, mine, n_parts, ws_ml_ptr, ws_o_ptr, ws_row0, d, d_mask, R
 
 
 @triton.jit
-def balance(lens_ptr, NB, n_parts, HKV, FILL_N, SLOTS, PART,
-            NB_BLOCK: tl.constexpr):
+def balance(lens_ptr, NB, n_parts, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.constexpr):
     """The balanced split launch's plan for one sequence of ``n_parts`` partitions, from every
-    sequence's length (``decode._balance``; the combine reads the same): (ppp, whole).
+    sequence's length (``decode._balance``; the combine reads the same): (ppp, whole): the
+    partitions per program, and whether one program owns the sequence (it folds the partitions
+    in registers and writes out, as one pass does; then ppp = n_parts).
 
-    With T = HKV x the batch's partitions: each program takes ppp = cdiv(T, SLOTS) partitions
-    (SLOTS: resident programs of one wave), and a sequence is ``whole`` (one program folds its
-    partitions in registers and writes out, as one pass does) when it fits one program's share
-    (n_parts <= ppp) or is no larger than the mean work of FILL_N programs (n_parts * FILL_N <=
-    T: on equal lengths, one pass exactly when B * Hkv >= FILL_N). ppp = n_parts when whole.
+    T = HKV x the batch's partitions. An even batch (longest <= 5/4 of the mean) takes the count
+    rule with the true lengths: whole when B x HKV >= FILL_N (one pass), else shares of
+    cdiv(T, SLOTS) (SLOTS: resident programs of one wave). A ragged batch takes shares of
+    cdiv(T, FINE x SLOTS), and only sequences that fit one share run whole: its programs start
+    over several waves, so none may hold much of a wave's work (H200, session 19: shares of
+    cdiv(T, SLOTS) were 11-12 % slower than one partition per program on two ragged mixes).
     """
     tot = 0
+    longest = 1
     for i in tl.range(0, NB, NB_BLOCK, num_stages=1):
         j = i + tl.arange(0, NB_BLOCK)
         n = tl.load(lens_ptr + j, mask=j < NB, other=0).to(tl.int32)
-        tot += tl.sum(tl.where(j < NB, tl.maximum((n + PART - 1) // PART, 1), 0))
+        c = tl.where(j < NB, tl.maximum((n + PART - 1) // PART, 1), 0)
+        tot += tl.sum(c)
+        longest = tl.maximum(longest, tl.max(c))
+    even = 4 * longest * NB <= 5 * tot
     tot = tot * HKV
-    ppp = tl.maximum((tot + SLOTS - 1) // SLOTS, 1)
-    whole = (n_parts <= ppp) | (n_parts * FILL_N <= tot)
+    ppp = tl.where(even, (tot + SLOTS - 1) // SLOTS, (tot + FINE * SLOTS - 1) // (FINE * SLOTS))
+    ppp = tl.maximum(ppp, 1)
+    whole = (n_parts <= ppp) | (even & (NB * HKV >= FILL_N))
     return tl.where(whole, n_parts, ppp), whole

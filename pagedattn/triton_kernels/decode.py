@@ -50,7 +50,7 @@ from pagedattn.triton_kernels._decode_kernels import STAMPS, _decode_kernel, gdc
 
 FORCE_MODE = None  # tests/bench: "one_pass" | "split" | "balance" | None (rule); env
 # PAGEDATTN_DECODE_MODE
-# tests: (FILL_N, SLOTS) of the balanced launch (_balance), else None (the device's)
+# tests: (FILL_N, SLOTS, FINE) of the balanced launch (_balance), else None (the device's)
 BALANCE = None
 NB_BLOCK = 256  # sequence lengths per load of _decode_state.balance
 # scripts/decode_timeline.py --backend triton: an int64 CUDA tensor of >= STAMPS entries per
@@ -104,22 +104,24 @@ def _slots(smem, warps, device, regs=None):
 
 
 def _balance(smem, warps, device):
-    """(FILL_N, SLOTS) of the balanced launch: a sequence no larger than the mean work of FILL_N
-    programs runs whole in one program (dispatch.core.FILL x SMs: on equal lengths this is the
-    measured one-pass rule); a longer one is cut into shares of cdiv(T, SLOTS) partitions (T: the
-    batch's partitions times Hkv; SLOTS: :func:`_slots`, one wave). ``BALANCE`` overrides."""
+    """(FILL_N, SLOTS, FINE) of the balanced launch (``_decode_state.balance``): FILL_N =
+    dispatch.core.FILL x SMs (the count rule's one-pass threshold), SLOTS = :func:`_slots` (one
+    wave), FINE = PAGEDATTN_DECODE_FINE (default 4: a ragged batch's shares are a quarter of a
+    slot's mean work). ``BALANCE`` overrides (tests)."""
+    fine = _dispatch.count_or_auto(os.environ.get("PAGEDATTN_DECODE_FINE", "4"),
+                                   "PAGEDATTN_DECODE_FINE") or 4
     if BALANCE is not None:
         return BALANCE
     if device.type != "cuda":
-        return _dispatch.FILL, 4  # interpreter: tests set BALANCE for the cases they need
-    return _dispatch.FILL * _num_sms(device), _slots(smem, warps, device)
+        return _dispatch.FILL, 4, fine  # interpreter: tests set BALANCE for the cases they need
+    return _dispatch.FILL * _num_sms(device), _slots(smem, warps, device), fine
 
 
 def _balance_axis(n_part_max, nb, hkv, slots):
-    """The balanced grid's axis 2: every sequence's share count fits, whatever the lengths.
-    A share holds ppp >= cdiv(Hkv (n + nb - 1), SLOTS) partitions (the others hold >= 1 each),
-    so a sequence of n <= n_part_max partitions needs at most
-    ceil(n_part_max SLOTS / (Hkv (n_part_max + nb - 1))) programs (increasing in n)."""
+    """The balanced grid's axis 2 (``slots``: SLOTS x FINE): every sequence's share count fits,
+    whatever the lengths. A share holds ppp >= cdiv(Hkv (n + nb - 1), slots) partitions (the
+    others hold >= 1 each), so a sequence of n <= n_part_max partitions needs at most
+    ceil(n_part_max slots / (Hkv (n_part_max + nb - 1))) programs (increasing in n)."""
     need = -(-n_part_max * slots // (hkv * (n_part_max + nb - 1)))
     return max(1, min(n_part_max, need))
 
@@ -282,16 +284,17 @@ def run(call):
         smem = (num_stages * block_n * block_d * 2 * call.k_cache.element_size()
                 + block_m * block_d * 2)
         warps, regs = num_warps, None
-    ppp, fill_n, slots = 1, 1, 1
+    ppp, fill_n, slots, fine = 1, 1, 1, 1
     if mode == "balance":
-        fill_n, slots = _balance(smem, warps, dev)
-        grid = (hkv, nb, _balance_axis(n_part_max, nb, hkv, slots))
+        fill_n, slots, fine = _balance(smem, warps, dev)
+        grid = (hkv, nb, _balance_axis(n_part_max, nb, hkv, slots * fine))
     else:
         if parked:
             ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs,
                                      one)
         grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
-    bal = dict(NB=nb, FILL_N=fill_n, SLOTS=slots, BAL=mode == "balance", NB_BLOCK=NB_BLOCK)
+    bal = dict(NB=nb, FILL_N=fill_n, SLOTS=slots, FINE=fine, BAL=mode == "balance",
+               NB_BLOCK=NB_BLOCK)
     # knob read first: checked; Gluon and the balanced launch: the combine
     fold = _fold_last() and mode == "split" and n_part_max > 1 and gk is None
     pdl = parked and not fold and _pdl(dev)
