@@ -5,7 +5,7 @@ import triton.language as tl
 
 from pagedattn.triton_kernels._common import finalize_state
 from pagedattn.triton_kernels._decode_kernels import _store_rows, gdc_wait
-from pagedattn.triton_kernels._decode_state import balance
+from pagedattn.triton_kernels._decode_state import balance, batch_lens
 
 
 @triton.jit
@@ -49,13 +49,23 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     r = tl.program_id(2) // DSPLIT
     dc = tl.program_id(2) % DSPLIT
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
+    if BAL:
+        lens0 = batch_lens(seq_lens_ptr, NB, NB_BLOCK)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
     if BAL:  # reads inputs only: before the wait
-        _, whole = balance(seq_lens_ptr, NB, n_parts, tl.num_programs(0), FILL_N, SLOTS, FINE,
-                           PART, NB_BLOCK)
+        _, whole = balance(lens0, seq_lens_ptr, NB, n_parts, tl.num_programs(0), FILL_N, SLOTS,
+                           FINE, PART, NB_BLOCK)
         n_parts = tl.where(whole, 1, n_parts)
     if PDL:
-        gdc_wait()  # every write of the decode grid is visible past this point
+        if BAL:
+            # a program with nothing to merge reads no workspace and exits at once (a one-pass
+            # batch launches this grid for nothing); program 0 still waits, so that this grid
+            # ends after the decode grid (the stream's next kernel relies on it)
+            first = (h == 0) & (s == 0) & (tl.program_id(2) == 0)
+            if (n_parts > 1) | first:
+                gdc_wait()
+        else:
+            gdc_wait()  # every write of the decode grid is visible past this point
     if n_parts > 1:
         BLOCK_DC: tl.constexpr = BLOCK_D // DSPLIT
         d = dc * BLOCK_DC + tl.arange(0, BLOCK_DC)

@@ -8,8 +8,8 @@ import triton.language as tl
 from pagedattn.triton_kernels._common import (alibi_bias, finalize_state, kv_offset,
                                               online_softmax_step, soft_cap, visible)
 from pagedattn.triton_kernels._decode_cs import attend_cs, cs_block_ids
-from pagedattn.triton_kernels._decode_state import (balance, fold_last, merge as _merge,
-                                                    park as _park)
+from pagedattn.triton_kernels._decode_state import (balance, batch_lens, fold_last,
+                                                    merge as _merge, park as _park)
 
 try:  # grid dependency control (programmatic dependent launch), NVIDIA sm_90+
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -235,6 +235,8 @@ def _decode_kernel(
     h = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
+    if BAL:  # the batch's lengths, issued beside seq_len: one round trip for both
+        lens0 = batch_lens(seq_lens_ptr, NB, NB_BLOCK)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
     whole = n_parts > 0  # balanced launch: this program owns the whole sequence
     rows = tl.arange(0, BLOCK_M)  # row r = (query token r // G, head h*G + r % G)
@@ -293,8 +295,8 @@ def _decode_kernel(
         lb = tl.maximum((tl.num_programs(0) * (n_parts + NB - 1) + FINE * SLOTS - 1)
                         // (FINE * SLOTS), 1)
         if a * lb < n_parts:
-            ppp, whole = balance(seq_lens_ptr, NB, n_parts, tl.num_programs(0), FILL_N, SLOTS,
-                                 FINE, PART, NB_BLOCK)
+            ppp, whole = balance(lens0, seq_lens_ptr, NB, n_parts, tl.num_programs(0), FILL_N,
+                                 SLOTS, FINE, PART, NB_BLOCK)
         p = a * ppp
         t_lo = tl.maximum(p * PART, first)
         t_hi = tl.minimum((p + ppp) * PART, seq_len)

@@ -83,9 +83,19 @@ def fold_last(cnt_ptr, mine, n_parts, ws_ml_ptr, ws_o_ptr, ws_row0, d, d_mask, R
 
 
 @triton.jit
-def balance(lens_ptr, NB, n_parts, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.constexpr):
+def batch_lens(lens_ptr, NB, NB_BLOCK: tl.constexpr):
+    """The first NB_BLOCK sequence lengths (int32; 0 past NB), for :func:`balance`."""
+    j = tl.arange(0, NB_BLOCK)
+    return tl.load(lens_ptr + j, mask=j < NB, other=0).to(tl.int32)
+
+
+@triton.jit
+def balance(lens0, lens_ptr, NB, n_parts, HKV, FILL_N, SLOTS, FINE, PART,
+            NB_BLOCK: tl.constexpr):
     """The balanced split launch's plan for one sequence of ``n_parts`` partitions, from every
-    sequence's length (``decode._balance``; the combine reads the same): (ppp, whole): the
+    sequence's length (``decode._balance``; the combine reads the same; lens0: the first
+    NB_BLOCK lengths, loaded by the caller beside its own so that both take one round trip;
+    the rest are read here): (ppp, whole): the
     partitions per program, and whether one program owns the sequence (it folds the partitions
     in registers and writes out, as one pass does; then ppp = n_parts).
 
@@ -96,9 +106,11 @@ def balance(lens_ptr, NB, n_parts, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.
     over several waves, so none may hold much of a wave's work (H200, session 19: shares of
     cdiv(T, SLOTS) were 11-12 % slower than one partition per program on two ragged mixes).
     """
-    tot = 0
-    longest = 1
-    for i in tl.range(0, NB, NB_BLOCK, num_stages=1):
+    j = tl.arange(0, NB_BLOCK)
+    c = tl.where(j < NB, tl.maximum((lens0 + PART - 1) // PART, 1), 0)
+    tot = tl.sum(c)
+    longest = tl.maximum(tl.max(c), 1)
+    for i in tl.range(NB_BLOCK, NB, NB_BLOCK, num_stages=1):
         j = i + tl.arange(0, NB_BLOCK)
         n = tl.load(lens_ptr + j, mask=j < NB, other=0).to(tl.int32)
         c = tl.where(j < NB, tl.maximum((n + PART - 1) // PART, 1), 0)
