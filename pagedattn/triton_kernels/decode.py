@@ -17,13 +17,21 @@ Two launch shapes evaluate exactly this arithmetic:
   combine launch on (Hkv, B, R) merges them. Used when B * Hkv does not fill the GPU.
 * one-pass (v1): grid (Hkv, B); the program streams its whole sequence through ONE pipelined
   tile loop and merges each partition's state into registers at the partition's last tile (no
-  workspace, no second launch). Used when B * Hkv >= dispatch.core.FILL * SMs.
+  workspace, no second launch).
+* balanced (the default once a sequence can span partitions): grid (Hkv, B, a bound from
+  counts); every program reads the batch's lengths and computes the same plan
+  (``_decode_state.balance``). A sequence runs whole (the one-pass loop, out written directly)
+  or in shares of ppp partitions (the split loop, parked for the combine); ppp follows the
+  batch's total work, so a long sequence among short ones is cut across many programs. The
+  count rule (one pass when B * Hkv >= dispatch.core.FILL * SMs, else split with partitions
+  per program from the table's width) serves the Gluon kernel and ``PAGEDATTN_DECODE_MODE=count``.
 
 NOTE batch invariance: split points depend only on the sequence and the partition size (never
-on the batch); both launch shapes run the same tile code on the same tiles and the same merge
+on the batch); every launch shape runs the same tile code on the same tiles and the same merge
 (explicit FMAs) in the same partition order, and a partition with no key is an exact no-op of
 the merge. So a sequence's output is bitwise identical whatever else is in the batch and
-whichever launch shape the batch size selects.
+whichever launch shape the batch selects (the balanced plan reads the lengths: it moves
+work between programs, never a split point).
 
 This module is the launcher (launch-shape rules, workspace); the tile configs and tuning knobs
 are in ``_decode_configs.py``, the ``@triton.jit`` kernels in ``_decode_kernels.py`` (tile loop,
