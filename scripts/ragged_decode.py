@@ -1,10 +1,13 @@
 """Decode launch shapes on a ragged batch (GPU only).
 
 usage: python3 scripts/ragged_decode.py [--heads 32/8,32/32] [--batch 64] [--short 512]
-       [--long 32768] [--mix one_long|uniform|bimodal] [--block 16]
+       [--long 32768] [--mix one_long|uniform|bimodal|even] [--block 16] [--width KEYS]
        [--backends triton,triton_tl,hip]
 Mixes: ``one_long`` (batch - 1 sequences of --short keys and one of --long), ``uniform``
-(lengths uniform in [1, --long], seeded), ``bimodal`` (half --short, half --long).
+(lengths uniform in [1, --long], seeded), ``bimodal`` (half --short, half --long), ``even``
+(every sequence --long). --width: the block table's width in keys (default --long); engines size
+it by the model's length, and the count rule sizes split shares by it (the slack points at a
+valid page and is masked).
 Times the launch rule (Triton: balanced, shares sized from the lengths on the device; the Gluon
 kernel and HIP: the count rule) against the count rule (Triton), each launch shape forced and
 split with one partition per program, from CUDA graphs, on a batch whose lengths are not equal:
@@ -24,6 +27,8 @@ BASE = {"triton": {}, "triton_tl": {"PAGEDATTN_DECODE_VARIANT": "triton"}, "hip"
 
 def _lengths(a, gen):
     """int32 [batch] lengths of the mix (on the CPU)."""
+    if a.mix == "even":
+        return torch.full((a.batch,), a.long, dtype=torch.int32)
     if a.mix == "uniform":
         return torch.randint(1, a.long + 1, (a.batch,), generator=gen, dtype=torch.int32)
     lens = torch.full((a.batch,), a.short, dtype=torch.int32)
@@ -40,14 +45,17 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--short", type=int, default=512)
     ap.add_argument("--long", type=int, default=32768)
-    ap.add_argument("--mix", default="one_long", choices=("one_long", "uniform", "bimodal"))
+    ap.add_argument("--mix", default="one_long",
+                    choices=("one_long", "uniform", "bimodal", "even"))
+    ap.add_argument("--width", type=int, default=None)
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--backends", default="triton,triton_tl,hip")
     a = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     cpu_gen = torch.Generator().manual_seed(0)
+    width = max(a.width or a.long, a.long)
     print(f"# ragged decode: batch {a.batch}, mix {a.mix} (short {a.short}, long {a.long} keys), "
-          f"block {a.block}, bf16, D {D}; us per call from CUDA graphs")
+          f"block {a.block}, table width {width} keys, bf16, D {D}; us per call from CUDA graphs")
     print("| Hq/Hkv | backend | rule | count rule | forced one pass | forced split | split, 1 "
           "partition a program | rule GB/s | split-1 GB/s |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -56,6 +64,9 @@ def main():
         q, k, v, table, lens = _case(a.batch, a.long, hq, hkv, a.block, torch.bfloat16, "cuda",
                                      gen)
         lens.copy_(_lengths(a, cpu_gen).to(lens.device))
+        extra = -(-width // a.block) - table.shape[1]
+        if extra > 0:  # slack ids: a valid page, masked off by the lengths
+            table = torch.cat([table, table[:, :1].expand(-1, extra)], 1).contiguous()
         keys = int(lens.sum())
         kb = keys * hkv * D * 2 * 2 / 1e3  # K + V bytes visible, in kB: kB / us = GB/s
         out = torch.empty_like(q)
