@@ -159,3 +159,25 @@ def test_gpu_ragged_batch_balanced(device, launch_guard, monkeypatch, heads, bs)
     bad = (out != ref).any(-1).nonzero()[:5].tolist()
     assert torch.equal(out, ref), f"balanced vs one pass: (seq, head) differing: {bad}"
     assert torch.equal(lse, ref_lse), "balanced vs one pass: lse"
+
+
+@pytest.mark.parametrize("nb_block", [(16, 16), (16, 64)], ids=["three-loads", "one-load"])
+def test_balance_reads_every_length_of_a_large_batch(device, launch_guard, monkeypatch,
+                                                     nb_block):
+    """A batch larger than one load of lengths (decode.NB_BLOCK shrunk to 16): the plan sums
+    every load; the longest sequence sits in the last one, so a plan that missed it would call
+    the batch even and leave that sequence whole."""
+    monkeypatch.setattr(PD, "NB_BLOCK", nb_block)
+    gen = torch.Generator().manual_seed(5)
+    lens = [9] * 39 + [400]
+    b = make_paged_batch(lens, num_kv_heads=1, head_dim=32, block_size=16, layout="bhsd",
+                         dtype=torch.float16, device=device, gen=gen)
+    q = torch.randn(len(lens), 2, 32, generator=gen).to(device=device, dtype=torch.float16)
+    bal = (8, 4, 2)
+    shares, whole = _plan(lens, 16, 1, *bal)
+    assert shares[-1] > 1 and not whole[-1]
+    PD.BALANCE = bal
+    out, lse = _run(b, q, "balance")
+    ref, ref_lse = _run(b, q, "one_pass")
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    _check(b, q, out, lse, lens, 1, torch.float16)

@@ -60,7 +60,10 @@ FORCE_MODE = None  # tests/bench: "one_pass" | "split" | "balance" | None (rule)
 # PAGEDATTN_DECODE_MODE
 # tests: (FILL_N, SLOTS, FINE) of the balanced launch (_balance), else None (the device's)
 BALANCE = None
-NB_BLOCK = 256  # sequence lengths per load of _decode_state.balance
+# sequence lengths per load of _decode_state.balance: the batch size rounded up to a power of 2
+# within these bounds (one load up to 512 sequences; 256 at the least: one variant up to it;
+# offline sm_90, 1024 took the BAL combine from 120 to 167 registers)
+NB_BLOCK = (256, 512)
 # scripts/decode_timeline.py --backend triton: an int64 CUDA tensor of >= STAMPS entries per
 # program makes the Triton kernel's next launches write %globaltimer stamps into it (no replay
 # while set); None: no stamps (none compiled in)
@@ -302,7 +305,7 @@ def run(call):
                                      one)
         grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
     bal = dict(NB=nb, FILL_N=fill_n, SLOTS=slots, FINE=fine, BAL=mode == "balance",
-               NB_BLOCK=NB_BLOCK)
+               NB_BLOCK=min(max(NB_BLOCK[0], next_pow2(nb)), NB_BLOCK[1]))
     # knob read first: checked; Gluon and the balanced launch: the combine
     fold = _fold_last() and mode == "split" and n_part_max > 1 and gk is None
     pdl = parked and not fold and _pdl(dev)
