@@ -80,8 +80,13 @@ CASES = [  # lens, heads (hq, hkv), layout, dtypes, options, (FILL_N, SLOTS, FIN
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
-@pytest.mark.parametrize("q_len", [1, 2])
-def test_balanced_launch_matches_oracle_and_one_pass_bitwise(device, launch_guard, case, q_len):
+@pytest.mark.parametrize("q_len,spec", [(1, "0"), (2, "0"), (1, "1")],
+                         ids=["decode", "spec-decode", "decode-spec-ids"])
+def test_balanced_launch_matches_oracle_and_one_pass_bitwise(device, launch_guard, monkeypatch,
+                                                             case, q_len, spec):
+    """spec: PAGEDATTN_DECODE_SPEC (first-tile ids guessed at the count rule's share: right on
+    some programs of these cases, wrong on others)."""
+    monkeypatch.setenv("PAGEDATTN_DECODE_SPEC", spec)
     lens, (hq, hkv), layout, (qd, kvd), opts, bal, cut = CASES[case]
     lens = [max(n, q_len) if q_len > 1 else n for n in lens]  # empty rows: q_len 1 only
     gen = torch.Generator().manual_seed(100 + case)

@@ -222,12 +222,11 @@ def _decode_kernel(
         HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
         F16_DOT: tl.constexpr, FOLD: tl.constexpr, FOLD_R: tl.constexpr,
         FOLD_UNROLL: tl.constexpr, TIMELINE: tl.constexpr, BAL: tl.constexpr,
-        NB_BLOCK: tl.constexpr):
+        NB_BLOCK: tl.constexpr, SPEC: tl.constexpr):
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
-    # balanced (BAL): (Hkv, B, decode._balance_axis), program a owns [a * ppp, a * ppp + ppp)
-    # with ppp from every sequence's length (_decode_state.balance); NB, FILL_N, SLOTS, FINE: its
-    # inputs
+    # balanced (BAL): (Hkv, B, decode._balance_axis), program a owns [a * ppp, a * ppp + ppp),
+    # ppp from every length (_decode_state.balance, inputs NB, FILL_N, SLOTS, FINE)
     if TIMELINE:
         _stamp(tl_ptr, 0, Hq)
     if PDL:  # the combine launch may start now; it waits for this grid before reading
@@ -289,6 +288,11 @@ def _decode_kernel(
     elif BAL:
         tl.static_assert(SUB == 1, "the balanced launch runs the plain tile loop")
         a = tl.program_id(2)
+        if SPEC:  # the first tile's ids at the count rule's share (PPP: right on even batches
+            # with exact-width tables), issued before the plan is known; reloaded if it differs
+            g_lo = tl.maximum(a * PPP * PART, first)
+            blk_g = _tile_block_ids(bt_row_ptr, g_lo, BT_W * BS, tl.arange(0, BLOCK_N), BS,
+                                    ONE_BLOCK)
         ppp = n_parts
         # a bound from this sequence alone (the batch holds >= NB - 1 more partitions per head):
         # past it a program has nothing to do whatever the others' lengths, and skips the read
@@ -317,6 +321,11 @@ def _decode_kernel(
         sub3 = tl.arange(0, SUB)[:, None, None]
         blk0 = cs_block_ids(bt_row_ptr, t_lo, BT_W * BS, sub3,
                             tl.arange(0, BLOCK_N // SUB)[None, :, None], BS, BLOCK_N // SUB)
+    elif BAL and SPEC:
+        blk0 = blk_g
+        if t_lo != g_lo:
+            blk0 = _tile_block_ids(bt_row_ptr, t_lo, BT_W * BS, tl.arange(0, BLOCK_N), BS,
+                                   ONE_BLOCK)
     else:
         blk0 = _tile_block_ids(bt_row_ptr, t_lo, BT_W * BS, tl.arange(0, BLOCK_N), BS, ONE_BLOCK)
     if p < n_parts:  # split: programs past the sequence's last partition have nothing to do

@@ -51,7 +51,7 @@ from pagedattn.dispatch import core as _dispatch
 from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels import _replay
 from pagedattn.triton_kernels._decode_configs import (MAX_ROWS, _combine_config, _config,
-                                                      _f16_dot, _fold_last, _fold_tile,
+                                                      _env_choice, _f16_dot, _fold_last, _fold_tile,
                                                       _lazy_rowsum, _maxnreg)
 from pagedattn.triton_kernels._decode_combine import _combine_kernel
 from pagedattn.triton_kernels._decode_kernels import STAMPS, _decode_kernel, gdc_wait
@@ -126,6 +126,13 @@ def _balance(smem, warps, device):
     if device.type != "cuda":
         return _dispatch.FILL, 4, fine  # interpreter: tests set BALANCE for the cases they need
     return _dispatch.FILL * _num_sms(device), _slots(smem, warps, device), fine
+
+
+def _spec():
+    """PAGEDATTN_DECODE_SPEC=1 (A/B, off by default; not yet measured on a GPU): balanced programs
+    load their first tile's block ids at the count rule's share before the plan arrives (one
+    round trip less when the guess holds: even batches with exact-width tables)."""
+    return _env_choice("PAGEDATTN_DECODE_SPEC", ("0", "1"), "0") == "1"
 
 
 def _balance_axis(n_part_max, nb, hkv, slots):
@@ -296,9 +303,13 @@ def run(call):
                 + block_m * block_d * 2)
         warps, regs = num_warps, None
     ppp, fill_n, slots, fine = 1, 1, 1, 1
+    spec = False
     if mode == "balance":
         fill_n, slots, fine = _balance(smem, warps, dev)
         grid = (hkv, nb, _balance_axis(n_part_max, nb, hkv, slots * fine))
+        if _spec():  # the count rule's share, the kernel's guess of the plan
+            spec = True
+            ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev)
     else:
         if parked:
             ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs,
@@ -316,7 +327,8 @@ def run(call):
         _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max,
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
                        sub, common, bal, rec,
-                       torch.zeros((nb, hkv), dtype=torch.int32, device=dev) if fold else dummy)
+                       torch.zeros((nb, hkv), dtype=torch.int32, device=dev) if fold else dummy,
+                       spec)
     if parked and not fold:
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
         _replay.launch(
@@ -334,7 +346,7 @@ def run(call):
 
 def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max, ppp,
                    mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages, sub,
-                   common, bal, rec, cnt):
+                   common, bal, rec, cnt, spec=False):
     """The Triton decode kernel (``_decode_kernels._decode_kernel``) on ``grid``; rec: an
     ``_replay.Recorder`` or None; cnt: the fold counters (int32 zeros [B, Hkv]) or a dummy."""
     q, o, bs = call.q, call.opts, call.geom.block_size
@@ -376,4 +388,4 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
         F16_DOT=_f16_dot(q.dtype, call.k_cache.dtype, q.device), BLOCK_M=block_m,
         num_warps=num_warps, num_stages=num_stages, **_maxnreg(q.device),
-        **bal, **common)
+        **bal, SPEC=spec, **common)
