@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 import pagedattn as pa
 from attn_utils import make_paged_batch
-from test_triton_decode import _check
+from test_triton_decode import _check, _decode
 
 PD = importlib.import_module("pagedattn.triton_kernels.decode")
 
@@ -57,13 +57,7 @@ def test_balance_axis_holds_every_share(lens, part, hkv, slots, fine, width):
 
 
 def _run(b, q, mode, **kw):
-    PD.FORCE_MODE = mode
-    try:
-        return pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens,
-                               layout=b.layout, k_scale=b.k_scale, v_scale=b.v_scale,
-                               backend="triton", partition_size=16, return_lse=True, **kw)
-    finally:
-        PD.FORCE_MODE = None
+    return _decode(b, q, mode=mode, partition_size=16, return_lse=True, **kw)
 
 
 CASES = [  # lens, heads (hq, hkv), layout, dtypes, options, (FILL_N, SLOTS, FINE), shares?

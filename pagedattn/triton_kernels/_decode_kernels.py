@@ -9,7 +9,8 @@ from pagedattn.triton_kernels._common import (alibi_bias, finalize_state, kv_off
                                               online_softmax_step, soft_cap, visible)
 from pagedattn.triton_kernels._decode_cs import attend_cs, cs_block_ids
 from pagedattn.triton_kernels._decode_state import (balance, batch_lens, fold_last,
-                                                    merge as _merge, park as _park)
+                                                    merge as _merge, park as _park,
+                                                    park_neutral)
 
 try:  # grid dependency control (programmatic dependent launch), NVIDIA sm_90+
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -280,11 +281,8 @@ def _decode_kernel(
         t_hi = tl.minimum((p + PPP) * PART, seq_len)
         if HAS_WINDOW:  # partitions wholly before the window: neutral states
             if n_parts > 1:
-                for pe in range(p, tl.minimum(first // PART, p + PPP)):
-                    _park(ws_ml_ptr, ws_o_ptr, ws_row0 + pe * R + rows, row_ok,
-                          tl.full((BLOCK_M,), float("-inf"), tl.float32),
-                          tl.zeros((BLOCK_M,), tl.float32),
-                          tl.zeros((BLOCK_M, BLOCK_D), tl.float32), d, d_mask, D)
+                park_neutral(ws_ml_ptr, ws_o_ptr, ws_row0, p, tl.minimum(first // PART, p + PPP),
+                             rows, row_ok, d, d_mask, R, D, BLOCK_M, BLOCK_D)
     elif BAL:
         tl.static_assert(SUB == 1, "the balanced launch runs the plain tile loop")
         a = tl.program_id(2)
@@ -306,11 +304,8 @@ def _decode_kernel(
         t_hi = tl.minimum((p + ppp) * PART, seq_len)
         if HAS_WINDOW:  # a share's partitions wholly before the window: neutral states
             if not whole:
-                for pe in range(p, tl.minimum(first // PART, p + ppp)):
-                    _park(ws_ml_ptr, ws_o_ptr, ws_row0 + pe * R + rows, row_ok,
-                          tl.full((BLOCK_M,), float("-inf"), tl.float32),
-                          tl.zeros((BLOCK_M,), tl.float32),
-                          tl.zeros((BLOCK_M, BLOCK_D), tl.float32), d, d_mask, D)
+                park_neutral(ws_ml_ptr, ws_o_ptr, ws_row0, p, tl.minimum(first // PART, p + ppp),
+                             rows, row_ok, d, d_mask, R, D, BLOCK_M, BLOCK_D)
     else:
         p = tl.program_id(2)
         t_lo = tl.maximum(p * PART, first)

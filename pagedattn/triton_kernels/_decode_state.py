@@ -35,6 +35,18 @@ def park(ws_ml_ptr, ws_o_ptr, row, row_ok, m, l, acc, d, d_mask, D: tl.constexpr
 
 
 @triton.jit
+def park_neutral(ws_ml_ptr, ws_o_ptr, ws_row0, p_lo, p_hi, rows, row_ok, d, d_mask,
+                 R: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Park the neutral state (m = -inf, l = 0, acc = 0) for partitions [p_lo, p_hi) of the
+    (sequence, head) whose workspace rows start at ws_row0: a split program's partitions that lie
+    wholly before the sliding window."""
+    for pe in range(p_lo, p_hi):
+        park(ws_ml_ptr, ws_o_ptr, ws_row0 + pe * R + rows, row_ok,
+             tl.full((BLOCK_M,), float("-inf"), tl.float32), tl.zeros((BLOCK_M,), tl.float32),
+             tl.zeros((BLOCK_M, BLOCK_D), tl.float32), d, d_mask, D)
+
+
+@triton.jit
 def fold_last(cnt_ptr, mine, n_parts, ws_ml_ptr, ws_o_ptr, ws_row0, d, d_mask, R: tl.constexpr,
               D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
               UNROLL: tl.constexpr):

@@ -303,17 +303,13 @@ def run(call):
                 + block_m * block_d * 2)
         warps, regs = num_warps, None
     ppp, fill_n, slots, fine = 1, 1, 1, 1
-    spec = False
+    spec = mode == "balance" and _spec()
+    if parked and (mode != "balance" or spec):  # balanced: the count rule's share, SPEC's guess
+        ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs, one)
     if mode == "balance":
         fill_n, slots, fine = _balance(smem, warps, dev)
         grid = (hkv, nb, _balance_axis(n_part_max, nb, hkv, slots * fine))
-        if _spec():  # the count rule's share, the kernel's guess of the plan
-            spec = True
-            ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev)
     else:
-        if parked:
-            ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs,
-                                     one)
         grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
     bal = dict(NB=nb, FILL_N=fill_n, SLOTS=slots, FINE=fine, BAL=mode == "balance",
                NB_BLOCK=min(max(NB_BLOCK[0], next_pow2(nb)), NB_BLOCK[1]))
