@@ -13,47 +13,93 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+import triton
+import triton.language as tl
+
 import pagedattn as pa
 from attn_utils import make_paged_batch
 from test_triton_decode import _check, _decode
 
 PD = importlib.import_module("pagedattn.triton_kernels.decode")
+DS = importlib.import_module("pagedattn.triton_kernels._decode_state")
 
 
 @pytest.fixture
 def launch_guard():
+    PD.WS_FILL = float("nan")  # a share never computed shows in the output
     yield
     PD.FORCE_MODE = None
     PD.BALANCE = None
+    PD.WS_FILL = None
 
 
 def _plan(lens, part, hkv, fill_n, slots, fine):
-    """An independent model of ``_decode_state.balance``: shares per sequence, and whether one
-    program owns the sequence whole."""
+    """An independent model of ``_decode_state.plan``: shares per sequence, whether one program
+    owns the sequence whole, ppp and fill (every sequence whole: the count rule's one pass)."""
     n = [max(1, math.ceil(x / part)) for x in lens]
     even = 4 * max(n) * len(n) <= 5 * sum(n)  # the longest at most 5/4 of the mean, exactly
     tot = hkv * sum(n)
     ppp = max(1, math.ceil(tot / (slots if even else fine * slots)))
-    whole = [c <= ppp or (even and len(n) * hkv >= fill_n) for c in n]
-    return [1 if w else math.ceil(c / ppp) for c, w in zip(n, whole)], whole
+    fill = even and len(n) * hkv >= fill_n
+    whole = [c <= ppp or fill for c in n]
+    return [1 if w else math.ceil(c / ppp) for c, w in zip(n, whole)], whole, ppp, fill
+
+
+def _extras(shares):
+    """The grid's extra shares in order: (sequence, share index >= 1)."""
+    return [(i, a) for i, c in enumerate(shares) for a in range(1, c)]
 
 
 @settings(max_examples=300, deadline=None)
 @given(lens=st.lists(st.integers(0, 5000), min_size=1, max_size=40),
        part=st.sampled_from([16, 256, 512]), hkv=st.sampled_from([1, 2, 8, 32]),
        slots=st.integers(1, 2000), fine=st.integers(1, 8), width=st.integers(0, 64))
-def test_balance_axis_holds_every_share(lens, part, hkv, slots, fine, width):
-    """The grid's axis 2 (from counts only) holds every share the device plan cuts, and the
-    program-local bound never skips a program that has work."""
+def test_balance_extra_holds_every_share(lens, part, hkv, slots, fine, width):
+    """The grid's extra programs (from counts only, any table width) hold every share past a
+    sequence's first that the device plan cuts."""
     bs = 16
     pages = max(math.ceil(max(lens) / bs), 1) + width
     n_part_max = max(1, math.ceil(pages * bs / part))
-    shares, whole = _plan(lens, part, hkv, 3 * 132, slots, fine)
-    assert max(shares) <= PD._balance_axis(n_part_max, len(lens), hkv, slots * fine)
-    for x, c, w in zip(lens, shares, whole):
-        n = max(1, math.ceil(x / part))
-        lb = max(1, -(-hkv * (n + len(lens) - 1) // (fine * slots)))
-        assert w or (c - 1) * lb < n, "the local bound skips a program that has work"
+    shares, *_ = _plan(lens, part, hkv, 3 * 132, slots, fine)
+    assert len(_extras(shares)) <= PD._balance_extra(n_part_max, len(lens), hkv, slots * fine)
+
+
+@triton.jit
+def _plan_probe(lens_ptr, out_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.constexpr):
+    """Program e: extra_share(e) as (sequence, share, length), and the plan's (ppp, fill)."""
+    e = tl.program_id(0)
+    lens0 = DS.batch_lens(lens_ptr, NB, NB_BLOCK)
+    ppp, fill = DS.plan(lens0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK)
+    s, a, n = DS.extra_share(lens0, lens_ptr, NB, e, ppp, fill, PART, NB_BLOCK)
+    tl.store(out_ptr + 5 * e, s)
+    tl.store(out_ptr + 5 * e + 1, a)
+    tl.store(out_ptr + 5 * e + 2, n)
+    tl.store(out_ptr + 5 * e + 3, ppp)
+    tl.store(out_ptr + 5 * e + 4, fill.to(tl.int32))
+
+
+@pytest.mark.parametrize("lens,bal,nb_block", [
+    ([40, 3, 100, 0, 17, 64, 5], (4, 8, 2), 8),  # ragged: two sequences split
+    ([9] * 20 + [200, 7, 130], (50, 16, 2), 8),  # three loads; the split ones in the last
+    ([60, 50, 58, 64], (2, 16, 1), 4),  # even and fill: no extra share
+    ([60, 50, 58, 64], (99, 16, 1), 4),  # even, not fill: shares of cdiv(T, SLOTS)
+])
+def test_extra_shares_are_listed_in_order(device, lens, bal, nb_block):
+    """Every (sequence, share >= 1) of the plan once, in order; -1 past the last (the kernels'
+    plan against the model, on batches larger than one load of lengths)."""
+    hkv, part = 2, 16
+    shares, _, ppp, fill = _plan(lens, part, hkv, *bal)
+    want = _extras(shares)
+    assert want or fill, "the case must hold extra shares"
+    grid = len(want) + 3
+    out = torch.full((grid, 5), -7, dtype=torch.int32, device=device)
+    _plan_probe[(grid,)](torch.tensor(lens, dtype=torch.int32, device=device), out, len(lens),
+                         hkv, *bal, part, NB_BLOCK=nb_block)
+    got = out.cpu().tolist()
+    assert [tuple(r[:2]) for r in got] == want + [(-1, a) for _, a, *_ in got[len(want):]]
+    assert [r[2] for r in got[:len(want)]] == [lens[i] for i, _ in want]
+    assert {r[3] for r in got} == {ppp}
+    assert {r[4] for r in got} == {int(fill)}
 
 
 def _run(b, q, mode, **kw):
@@ -73,15 +119,9 @@ CASES = [  # lens, heads (hq, hkv), layout, dtypes, options, (FILL_N, SLOTS, FIN
 ]
 
 
-@pytest.mark.parametrize("case,q_len,spec",
-                         [(c, 1, "0") for c in range(len(CASES))]
-                         + [(c, 2, "0") for c in (0, 1, 2)] + [(c, 1, "1") for c in (0, 4)],
-                         ids=lambda v: str(v))
-def test_balanced_launch_matches_oracle_and_one_pass_bitwise(device, launch_guard, monkeypatch,
-                                                             case, q_len, spec):
-    """spec: PAGEDATTN_DECODE_SPEC (first-tile ids guessed at the count rule's share: right on
-    some programs of these cases, wrong on others)."""
-    monkeypatch.setenv("PAGEDATTN_DECODE_SPEC", spec)
+@pytest.mark.parametrize("case,q_len", [(c, 1) for c in range(len(CASES))]
+                         + [(c, 2) for c in (0, 1, 2)], ids=lambda v: str(v))
+def test_balanced_launch_matches_oracle_and_one_pass_bitwise(device, launch_guard, case, q_len):
     lens, (hq, hkv), layout, (qd, kvd), opts, bal, cut = CASES[case]
     lens = [max(n, q_len) if q_len > 1 else n for n in lens]  # empty rows: q_len 1 only
     gen = torch.Generator().manual_seed(100 + case)
@@ -94,7 +134,7 @@ def test_balanced_launch_matches_oracle_and_one_pass_bitwise(device, launch_guar
         o["sinks"] = (torch.randn(hq, generator=gen) + 1).to(device)
     if o.pop("alibi", False):
         o["alibi_slopes"] = torch.rand(hq, generator=gen).to(device)
-    shares, whole = _plan(lens, 16, hkv, *bal)
+    shares, *_ = _plan(lens, 16, hkv, *bal)
     assert (max(shares) > 1) == cut, "the case must hold what it is named for"
     PD.BALANCE = bal
     out, lse = _run(b, q, "balance", **o)
@@ -151,7 +191,7 @@ def test_gpu_ragged_batch_balanced(device, launch_guard, monkeypatch, heads, bs)
     monkeypatch.setattr(PD, "_balance", lambda *a: plan.append(real_bal(*a)) or plan[-1])
     out, lse = pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, **kw)
     part = PD.default_partition_size(hq // hkv)
-    shares, _ = _plan(lens, part, hkv, *plan[0])
+    shares, *_ = _plan(lens, part, hkv, *plan[0])
     assert seen == ["balance"] and max(shares) > 1, (plan, shares)
     _check(b, q, out, lse, lens, 1, torch.bfloat16)
     PD.FORCE_MODE = "one_pass"
@@ -174,7 +214,7 @@ def test_balance_reads_every_length_of_a_large_batch(device, launch_guard, monke
                          dtype=torch.float16, device=device, gen=gen)
     q = torch.randn(len(lens), 2, 32, generator=gen).to(device=device, dtype=torch.float16)
     bal = (8, 4, 2)
-    shares, whole = _plan(lens, 16, 1, *bal)
+    shares, whole, *_ = _plan(lens, 16, 1, *bal)
     assert shares[-1] > 1 and not whole[-1]
     PD.BALANCE = bal
     out, lse = _run(b, q, "balance")

@@ -60,13 +60,13 @@ fp8_bn, fp8_warps, fp8_stages = D._FP8_CONFIGS[("nvidia", (128, 16))]
 # launcher's fp8 tiles
 # (PAGEDATTN_DECODE_FOLD=last: the split launches merging in the kernel, the launcher's group)
 fold_r, fold_u = D._fold_tile(4, 128, warps, 64)
-# (TIMELINE: decode_timeline.py's stamps; BAL: the balanced split launch, 2: with SPEC)
+# (TIMELINE: decode_timeline.py's stamps; BAL: the balanced split launch)
 for kv, one_pass, multi, fold, stamps, bal in (
         ("bf16", False, False, False, False, False), ("bf16", True, False, False, False, False),
         ("bf16", False, True, False, False, False), ("fp8e4nv", True, False, False, False, False),
         ("bf16", False, False, True, False, False), ("bf16", False, True, True, False, False),
         ("bf16", False, True, False, True, False), ("bf16", False, False, False, False, True),
-        ("fp8e4nv", False, False, False, False, True), ("bf16", False, False, False, False, 2)):
+        ("fp8e4nv", False, False, False, False, True)):
     KV_TYPE = kv
     fp8 = kv != "bf16"
     tile = fp8_bn if fp8 else bn
@@ -75,7 +75,7 @@ for kv, one_pass, multi, fold, stamps, bal in (
         BLOCK_N=tile, PART=512, ONE_BLOCK=bs % tile == 0, ONE_PASS=one_pass, MULTI=multi,
         SUB=1, LAZY_L=D._lazy_rowsum(16, tile), FOLD=fold, FOLD_R=fold_r if fold else 1,
         FOLD_UNROLL=fold_u if fold else 1, PDL=not (one_pass or fold), CAUSAL=False,
-        TIMELINE=stamps, BAL=bool(bal), NB_BLOCK=256, SPEC=bal == 2,
+        TIMELINE=stamps, BAL=bal, NB_BLOCK=256,
         HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False,
         IEEE=False, F16_DOT=fp8, HAS_KV_SCALE=fp8), ("scale", "cap"),
         num_warps=fp8_warps if fp8 else warps, num_stages=fp8_stages if fp8 else stages)

@@ -5,7 +5,7 @@ import triton.language as tl
 
 from pagedattn.triton_kernels._common import finalize_state
 from pagedattn.triton_kernels._decode_kernels import _store_rows, gdc_wait
-from pagedattn.triton_kernels._decode_state import balance, batch_lens
+from pagedattn.triton_kernels._decode_state import batch_lens, plan
 
 
 @triton.jit
@@ -31,7 +31,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     grid: (Hkv, B, R * DSPLIT): program (r, dc) merges columns [dc, dc + 1) * BLOCK_D / DSPLIT
     of row r (the merge is elementwise in d; every program recomputes the row's scalars, the
     same numbers); sequences with a single partition were finished by _decode_kernel, and
-    under the balanced launch (BAL) those one program owned whole (``balance``, same inputs).
+    under the balanced launch (BAL) those one program owned whole (``plan``, same inputs).
     UNROLL partitions per group: their states in one load (with one warp a thread holds all
     UNROLL rows of its columns, so pulling a row out takes no shuffles), the group's running
     maxima by a cumulative max and every exp2 of the merges at once; only L' = L a + l b and
@@ -53,9 +53,9 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         lens0 = batch_lens(seq_lens_ptr, NB, NB_BLOCK)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
     if BAL:  # reads inputs only: before the wait
-        _, whole = balance(lens0, seq_lens_ptr, NB, n_parts, tl.num_programs(0), FILL_N, SLOTS,
-                           FINE, PART, NB_BLOCK)
-        n_parts = tl.where(whole, 1, n_parts)
+        ppp, fill = plan(lens0, seq_lens_ptr, NB, tl.num_programs(0), FILL_N, SLOTS, FINE, PART,
+                         NB_BLOCK)
+        n_parts = tl.where((n_parts <= ppp) | fill, 1, n_parts)
     if PDL:
         if BAL:
             # a program with nothing to merge reads no workspace and exits at once (a one-pass

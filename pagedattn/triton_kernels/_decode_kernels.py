@@ -8,9 +8,9 @@ import triton.language as tl
 from pagedattn.triton_kernels._common import (alibi_bias, finalize_state, kv_offset,
                                               online_softmax_step, soft_cap, visible)
 from pagedattn.triton_kernels._decode_cs import attend_cs, cs_block_ids
-from pagedattn.triton_kernels._decode_state import (balance, batch_lens, fold_last,
+from pagedattn.triton_kernels._decode_state import (batch_lens, extra_share, fold_last,
                                                     merge as _merge, park as _park,
-                                                    park_neutral)
+                                                    park_neutral, plan)
 
 try:  # grid dependency control (programmatic dependent launch), NVIDIA sm_90+
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -38,6 +38,15 @@ def _stamp(tl_ptr, slot: tl.constexpr, x):
         sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [x], dtype=tl.int32,
                                        is_pure=False, pack=1)
         tl.store(row + 4, sm.to(tl.int64))
+
+
+@triton.jit
+def _first_tile(seq_len, LQ, window, HAS_WINDOW: tl.constexpr, STEP: tl.constexpr):
+    """The first key of the first tile holding a key some row can see (0 without a window)."""
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(seq_len - LQ + 1 - window, 0)
+    return lo // STEP * STEP
 
 
 @triton.jit
@@ -223,34 +232,52 @@ def _decode_kernel(
         HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
         F16_DOT: tl.constexpr, FOLD: tl.constexpr, FOLD_R: tl.constexpr,
         FOLD_UNROLL: tl.constexpr, TIMELINE: tl.constexpr, BAL: tl.constexpr,
-        NB_BLOCK: tl.constexpr, SPEC: tl.constexpr):
+        NB_BLOCK: tl.constexpr):
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
-    # balanced (BAL): (Hkv, B, decode._balance_axis), program a owns [a * ppp, a * ppp + ppp),
-    # ppp from every length (_decode_state.balance, inputs NB, FILL_N, SLOTS, FINE)
+    # balanced (BAL): (Hkv, B + decode._balance_extra, 1): program y < B runs sequence y's first
+    # share, program B + e the batch's extra share e (_decode_state.plan and extra_share, inputs
+    # NB, FILL_N, SLOTS, FINE); share a owns partitions [a * ppp, a * ppp + ppp)
     if TIMELINE:
         _stamp(tl_ptr, 0, Hq)
     if PDL:  # the combine launch may start now; it waits for this grid before reading
         gdc_launch_dependents()
     h = tl.program_id(0)
-    s = tl.program_id(1).to(tl.int64)
+    y = tl.program_id(1)
+    s = y.to(tl.int64)
+    if BAL:  # an extra share's sequence comes from the plan (below)
+        s = tl.minimum(s, NB - 1)
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
     if BAL:  # the batch's lengths, issued beside seq_len: one round trip for both
         lens0 = batch_lens(seq_lens_ptr, NB, NB_BLOCK)
-    n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
-    whole = n_parts > 0  # balanced launch: this program owns the whole sequence
     rows = tl.arange(0, BLOCK_M)  # row r = (query token r // G, head h*G + r % G)
     row_ok = rows < R
     qi = rows // G
     qh = h * G + rows % G
     d = tl.arange(0, BLOCK_D)
     d_mask = d < D
-    q_off = s * stride_qb + qi[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :]
-    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_mask[None, :], other=0.0)
+    q_off = qi[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :]
+    q_ok = row_ok[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + s * stride_qb + q_off, mask=q_ok, other=0.0)
+    STEP: tl.constexpr = BLOCK_N if BLOCK_N <= PART else PART  # keys per tile
+    if BAL:
+        # a first share starts at the first visible tile: its ids load before the plan arrives
+        blk_pre = _tile_block_ids(block_table_ptr + s * stride_bt,
+                                  _first_tile(seq_len, LQ, window, HAS_WINDOW, STEP), BT_W * BS,
+                                  tl.arange(0, BLOCK_N), BS, ONE_BLOCK)
+        ppp, fill = plan(lens0, seq_lens_ptr, NB, tl.num_programs(0), FILL_N, SLOTS, FINE, PART,
+                         NB_BLOCK)
+        a = y * 0
+        if y >= NB:  # an extra share: (sequence, share, length) from the plan
+            s2, a, seq_len = extra_share(lens0, seq_lens_ptr, NB, y - NB, ppp, fill, PART,
+                                         NB_BLOCK)
+            a = tl.where(s2 < 0, 1, a)  # none (the grid's bound exceeds the batch's shares):
+            seq_len = tl.where(s2 < 0, 0, seq_len)  # one partition, share 1: nothing to do
+            s = tl.maximum(s2, 0).to(tl.int64)
+            q = tl.load(q_ptr + s * stride_qb + q_off, mask=q_ok, other=0.0)
+    n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
+    whole = n_parts > 0  # balanced launch: this program owns the whole sequence
     pos = seq_len - LQ + qi  # [BLOCK_M] absolute position of each row's query
-    lo = 0
-    if HAS_WINDOW:  # first key any row can see; earlier tiles are skipped
-        lo = tl.maximum(seq_len - LQ + 1 - window, 0)
     qk_scale = scale  # k_scale folds in here; log2(e) too unless the soft-cap needs natural logits
     v_scale = 1.0
     if HAS_KV_SCALE:  # per KV head = this program's head: scalars
@@ -269,8 +296,7 @@ def _decode_kernel(
         sink = tl.load(sinks_ptr + qh, mask=row_ok, other=0.0)
     bt_row_ptr = block_table_ptr + s * stride_bt
     ws_row0 = ((s * tl.num_programs(0) + h) * P) * R  # int64: (s, h, partition 0, row 0)
-    STEP: tl.constexpr = BLOCK_N if BLOCK_N <= PART else PART  # keys per tile
-    first = lo // STEP * STEP  # the first tile holding a visible key
+    first = _first_tile(seq_len, LQ, window, HAS_WINDOW, STEP)  # the first with a visible key
     if ONE_PASS:
         p = 0
         t_lo = first
@@ -285,26 +311,14 @@ def _decode_kernel(
                              rows, row_ok, d, d_mask, R, D, BLOCK_M, BLOCK_D)
     elif BAL:
         tl.static_assert(SUB == 1, "the balanced launch runs the plain tile loop")
-        a = tl.program_id(2)
-        if SPEC:  # the first tile's ids at the count rule's share (PPP: right on even batches
-            # with exact-width tables), issued before the plan is known; reloaded if it differs
-            g_lo = tl.maximum(a * PPP * PART, first)
-            blk_g = _tile_block_ids(bt_row_ptr, g_lo, BT_W * BS, tl.arange(0, BLOCK_N), BS,
-                                    ONE_BLOCK)
-        ppp = n_parts
-        # a bound from this sequence alone (the batch holds >= NB - 1 more partitions per head):
-        # past it a program has nothing to do whatever the others' lengths, and skips the read
-        lb = tl.maximum((tl.num_programs(0) * (n_parts + NB - 1) + FINE * SLOTS - 1)
-                        // (FINE * SLOTS), 1)
-        if a * lb < n_parts:
-            ppp, whole = balance(lens0, seq_lens_ptr, NB, n_parts, tl.num_programs(0), FILL_N,
-                                 SLOTS, FINE, PART, NB_BLOCK)
-        p = a * ppp
+        whole = (n_parts <= ppp) | fill  # (extra shares are never whole)
+        pp = tl.where(whole, n_parts, ppp)
+        p = a * pp
         t_lo = tl.maximum(p * PART, first)
-        t_hi = tl.minimum((p + ppp) * PART, seq_len)
+        t_hi = tl.minimum((p + pp) * PART, seq_len)
         if HAS_WINDOW:  # a share's partitions wholly before the window: neutral states
             if not whole:
-                park_neutral(ws_ml_ptr, ws_o_ptr, ws_row0, p, tl.minimum(first // PART, p + ppp),
+                park_neutral(ws_ml_ptr, ws_o_ptr, ws_row0, p, tl.minimum(first // PART, p + pp),
                              rows, row_ok, d, d_mask, R, D, BLOCK_M, BLOCK_D)
     else:
         p = tl.program_id(2)
@@ -316,9 +330,9 @@ def _decode_kernel(
         sub3 = tl.arange(0, SUB)[:, None, None]
         blk0 = cs_block_ids(bt_row_ptr, t_lo, BT_W * BS, sub3,
                             tl.arange(0, BLOCK_N // SUB)[None, :, None], BS, BLOCK_N // SUB)
-    elif BAL and SPEC:
-        blk0 = blk_g
-        if t_lo != g_lo:
+    elif BAL:
+        blk0 = blk_pre  # a first share's (t_lo = first)
+        if y >= NB:
             blk0 = _tile_block_ids(bt_row_ptr, t_lo, BT_W * BS, tl.arange(0, BLOCK_N), BS,
                                    ONE_BLOCK)
     else:

@@ -18,11 +18,13 @@ Two launch shapes evaluate exactly this arithmetic:
 * one-pass (v1): grid (Hkv, B); the program streams its whole sequence through ONE pipelined
   tile loop and merges each partition's state into registers at the partition's last tile (no
   workspace, no second launch).
-* balanced (the default once a sequence can span partitions): grid (Hkv, B, a bound from
+* balanced (the default once a sequence can span partitions): grid (Hkv, B + a bound from
   counts); every program reads the batch's lengths and computes the same plan
-  (``_decode_state.balance``). A sequence runs whole (the one-pass loop, out written directly)
+  (``_decode_state.plan``). A sequence runs whole (the one-pass loop, out written directly)
   or in shares of ppp partitions (the split loop, parked for the combine); ppp follows the
-  batch's total work, so a long sequence among short ones is cut across many programs. The
+  batch's total work, so a long sequence among short ones is cut across many programs.
+  Program y < B runs sequence y's first share; the others take the batch's later shares in
+  order (``extra_share``), so the grid does not grow with the table's width. The
   count rule (one pass when B * Hkv >= dispatch.core.FILL * SMs, else split with partitions
   per program from the table's width) serves the Gluon kernel and ``PAGEDATTN_DECODE_MODE=count``.
 
@@ -51,7 +53,7 @@ from pagedattn.dispatch import core as _dispatch
 from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels import _replay
 from pagedattn.triton_kernels._decode_configs import (MAX_ROWS, _combine_config, _config,
-                                                      _env_choice, _f16_dot, _fold_last, _fold_tile,
+                                                      _f16_dot, _fold_last, _fold_tile,
                                                       _lazy_rowsum, _maxnreg)
 from pagedattn.triton_kernels._decode_combine import _combine_kernel
 from pagedattn.triton_kernels._decode_kernels import STAMPS, _decode_kernel, gdc_wait
@@ -60,10 +62,13 @@ FORCE_MODE = None  # tests/bench: "one_pass" | "split" | "balance" | None (rule)
 # PAGEDATTN_DECODE_MODE
 # tests: (FILL_N, SLOTS, FINE) of the balanced launch (_balance), else None (the device's)
 BALANCE = None
-# sequence lengths per load of _decode_state.balance: the batch size rounded up to a power of 2
+# sequence lengths per load of _decode_state.plan: the batch size rounded up to a power of 2
 # within these bounds (one load up to 512 sequences; 256 at the least: one variant up to it;
 # offline sm_90, 1024 took the BAL combine from 120 to 167 registers)
 NB_BLOCK = (256, 512)
+# tests: a float every new workspace is filled with (a partition never parked then shows in the
+# output), else None
+WS_FILL = None
 # scripts/decode_timeline.py --backend triton: an int64 CUDA tensor of >= STAMPS entries per
 # program makes the Triton kernel's next launches write %globaltimer stamps into it (no replay
 # while set); None: no stamps (none compiled in)
@@ -115,7 +120,7 @@ def _slots(smem, warps, device, regs=None):
 
 
 def _balance(smem, warps, device):
-    """(FILL_N, SLOTS, FINE) of the balanced launch (``_decode_state.balance``): FILL_N =
+    """(FILL_N, SLOTS, FINE) of the balanced launch (``_decode_state.plan``): FILL_N =
     dispatch.core.FILL x SMs (the count rule's one-pass threshold), SLOTS = :func:`_slots` (one
     wave), FINE = PAGEDATTN_DECODE_FINE (default 4: a ragged batch's shares are a quarter of a
     slot's mean work). ``BALANCE`` overrides (tests)."""
@@ -128,20 +133,12 @@ def _balance(smem, warps, device):
     return _dispatch.FILL * _num_sms(device), _slots(smem, warps, device), fine
 
 
-def _spec():
-    """PAGEDATTN_DECODE_SPEC=1 (A/B, off by default; not yet measured on a GPU): balanced programs
-    load their first tile's block ids at the count rule's share before the plan arrives (one
-    round trip less when the guess holds: even batches with exact-width tables)."""
-    return _env_choice("PAGEDATTN_DECODE_SPEC", ("0", "1"), "0") == "1"
-
-
-def _balance_axis(n_part_max, nb, hkv, slots):
-    """The balanced grid's axis 2 (``slots``: SLOTS x FINE): every sequence's share count fits,
-    whatever the lengths. A share holds ppp >= cdiv(Hkv (n + nb - 1), slots) partitions (the
-    others hold >= 1 each), so a sequence of n <= n_part_max partitions needs at most
-    ceil(n_part_max slots / (Hkv (n_part_max + nb - 1))) programs (increasing in n)."""
-    need = -(-n_part_max * slots // (hkv * (n_part_max + nb - 1)))
-    return max(1, min(n_part_max, need))
+def _balance_extra(n_part_max, nb, hkv, slots):
+    """The balanced grid's extra programs per KV head (``slots``: SLOTS x FINE): every share past
+    a sequence's first fits, whatever the lengths. A split sequence of n partitions has
+    cdiv(n, ppp) - 1 <= n / ppp of them, and ppp >= Hkv N / slots (N: the batch's partitions),
+    so they sum to at most slots / Hkv; and to at most n_part_max - 1 per sequence."""
+    return max(0, min(slots // hkv, nb * (n_part_max - 1)))
 
 
 def _parts_per_program(programs, n_part_max, smem, warps, device, regs=None, one=False):
@@ -231,7 +228,7 @@ def _mode(num_seqs, num_kv_heads, device, n_part_max, gluon=False):
         return forced
     if n_part_max == 1:
         return "one_pass"
-    if forced != "count" and not gluon and n_part_max <= 65535:
+    if forced != "count" and not gluon:
         return "balance"
     return "one_pass" if num_seqs * num_kv_heads >= _dispatch.FILL * _num_sms(device) else "split"
 
@@ -279,6 +276,9 @@ def run(call):
     if n_part_max > 1:
         ws_ml = torch.empty((nb, hkv, n_part_max, rows, 2), **f32)
         ws_o = torch.empty((nb, hkv, n_part_max, rows, d), **f32)
+        if WS_FILL is not None:
+            ws_ml.fill_(WS_FILL)
+            ws_o.fill_(WS_FILL)
     else:
         ws_ml = ws_o = dummy  # every sequence fits one partition
     rec = None if key is None else _replay.decode_recorder(call, q4, out4, lse, ws_ml, ws_o,
@@ -303,13 +303,15 @@ def run(call):
                 + block_m * block_d * 2)
         warps, regs = num_warps, None
     ppp, fill_n, slots, fine = 1, 1, 1, 1
-    spec = mode == "balance" and _spec()
-    if parked and (mode != "balance" or spec):  # balanced: the count rule's share, SPEC's guess
-        ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs, one)
     if mode == "balance":
         fill_n, slots, fine = _balance(smem, warps, dev)
-        grid = (hkv, nb, _balance_axis(n_part_max, nb, hkv, slots * fine))
-    else:
+        grid = (hkv, nb + _balance_extra(n_part_max, nb, hkv, slots * fine), 1)
+        if grid[1] > 65535:  # CUDA's limit on axis 1: the count rule
+            mode = _mode(nb, hkv, dev, n_part_max, True)
+            parked = mode == "split"
+    if parked and mode != "balance":
+        ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs, one)
+    if mode != "balance":
         grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
     bal = dict(NB=nb, FILL_N=fill_n, SLOTS=slots, FINE=fine, BAL=mode == "balance",
                NB_BLOCK=min(max(NB_BLOCK[0], next_pow2(nb)), NB_BLOCK[1]))
@@ -323,8 +325,7 @@ def run(call):
         _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max,
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
                        sub, common, bal, rec,
-                       torch.zeros((nb, hkv), dtype=torch.int32, device=dev) if fold else dummy,
-                       spec)
+                       torch.zeros((nb, hkv), dtype=torch.int32, device=dev) if fold else dummy)
     if parked and not fold:
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
         _replay.launch(
@@ -342,7 +343,7 @@ def run(call):
 
 def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max, ppp,
                    mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages, sub,
-                   common, bal, rec, cnt, spec=False):
+                   common, bal, rec, cnt):
     """The Triton decode kernel (``_decode_kernels._decode_kernel``) on ``grid``; rec: an
     ``_replay.Recorder`` or None; cnt: the fold counters (int32 zeros [B, Hkv]) or a dummy."""
     q, o, bs = call.q, call.opts, call.geom.block_size
@@ -384,4 +385,4 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
         F16_DOT=_f16_dot(q.dtype, call.k_cache.dtype, q.device), BLOCK_M=block_m,
         num_warps=num_warps, num_stages=num_stages, **_maxnreg(q.device),
-        **bal, SPEC=spec, **common)
+        **bal, **common)
