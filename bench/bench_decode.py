@@ -200,8 +200,7 @@ def main(argv=None):
                     continue
                 nbytes = 2 * batch * ctx * hkv * D * k.element_size() + 2 * q.numel() * 2
                 n_part = -(-table.shape[1] * bs // PD.default_partition_size(hq // hkv))
-                mode = args.mode or PD._mode(batch, hkv, q.device, n_part,
-                                             hq == hkv or bs >= 64)  # the Gluon kernel's rows
+                mode = args.mode or PD._mode(batch, hkv, q.device, n_part)
                 row = dict(Hq=hq, Hkv=hkv, block=bs, batch=batch, ctx=ctx, mode=mode,
                            MB=round(nbytes / 1e6, 1))
                 out = torch.empty_like(q)

@@ -194,16 +194,16 @@ def test_one_pass_vs_split_kv():
     assert _sel("paged_decode", "sm_90", **{**base, "group": 16}).params["partition_size"] == 256
 
 
-def test_triton_decode_is_balanced_where_the_triton_kernel_serves():
-    """sm_90: the Triton kernel's balanced launch, except where the Gluon kernel serves (MHA or
-    pages of >= 64 tokens), which keeps the count rule; one pass when the context is short."""
+def test_triton_decode_is_balanced():
+    """sm_90: the balanced launch, for the Triton kernel and the Gluon forms alike (MHA, pages
+    of >= 64 tokens); one pass when the context is short."""
     base = dict(dtype=BF16, head_dim=128, num_seqs=64, num_kv_heads=8)
     gqa = _sel("paged_decode", "sm_90", block_size=16, group=4, **base)
     assert (gqa.backend, gqa.variant) == ("triton", "balanced")
     assert gqa.params["partition_size"] == 512
     for group, bs in ((1, 16), (4, 64)):
         d = _sel("paged_decode", "sm_90", block_size=bs, group=group, **base)
-        assert d.variant in ("one_pass", "split_kv"), (group, bs)
+        assert (d.backend, d.variant) == ("triton", "balanced"), (group, bs)
     assert _sel("paged_decode", "sm_90", block_size=16, group=4, max_seq_len=300,
                 **base).variant == "one_pass"
 

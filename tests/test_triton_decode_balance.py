@@ -68,9 +68,10 @@ def test_balance_extra_holds_every_share(lens, part, hkv, slots, fine, width):
 def _plan_probe(lens_ptr, out_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.constexpr):
     """Program e: extra_share(e) as (sequence, share, length), and the plan's (ppp, fill)."""
     e = tl.program_id(0)
-    lens0 = DS.batch_lens(lens_ptr, NB, NB_BLOCK)
-    ppp, fill = DS.plan(lens0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK)
-    s, a, n = DS.extra_share(lens0, lens_ptr, NB, e, ppp, fill, PART, NB_BLOCK)
+    j0 = tl.arange(0, NB_BLOCK)
+    lens0 = DS.batch_lens(lens_ptr, NB, j0)
+    ppp, fill = DS.plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK)
+    s, a, n = DS.extra_share(lens0, j0, lens_ptr, NB, e, ppp, fill, PART, NB_BLOCK)
     tl.store(out_ptr + 5 * e, s)
     tl.store(out_ptr + 5 * e + 1, a)
     tl.store(out_ptr + 5 * e + 2, n)
@@ -164,21 +165,31 @@ def test_default_rule_is_balanced_when_a_sequence_spans_partitions(device, launc
     monkeypatch.setenv("PAGEDATTN_DECODE_MODE", "count")  # the count rule, on request
     assert real(1, 1, device, 4) == "split" and real(1, 1, device, 1) == "one_pass"
     monkeypatch.setenv("PAGEDATTN_DECODE_MODE", "balance")
-    assert real(1, 1, device, 4, True) == "split", "the Gluon kernel has no balanced form"
+    assert real(1, 1, device, 4, True) == "split", "a form with no balanced launch (ws)"
+
+
+MIXES = {  # lengths: a long sequence among short ones; even batches that fill the device
+    # (every program whole) and that do not (shares of cdiv(T, one wave))
+    "ragged": [512] * 24 + [9000, 1, 4097, 513],
+    "even-fill": [1536 - 7 * i for i in range(64)],
+    "even-split": [8192, 8000, 7777, 8191],
+}
+GPU_CASES = [((32, 8), 16, "triton", "ragged"), ((32, 32), 16, "triton", "ragged"),
+             ((32, 8), 64, "triton", "ragged"), ((64, 8), 16, "triton", "ragged"),
+             ((32, 8), 16, "triton", "even-fill"), ((32, 8), 16, "triton", "even-split")] + [
+    (h, bs, "auto", mix) for h, bs in (((32, 32), 16), ((32, 8), 64)) for mix in MIXES]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("heads,bs", [((32, 8), 16), ((32, 32), 16), ((32, 8), 64),
-                                      ((64, 8), 16)])
-def test_gpu_ragged_batch_balanced(device, launch_guard, monkeypatch, heads, bs):
-    """Real sizes, bf16, the device's own (FILL_N, SLOTS, FINE): a long sequence among short
-    ones is cut into shares; outputs match the oracle and are bitwise the one-pass launch's. The
-    Triton kernel is forced (the Gluon kernel serves MHA and 64-token pages with the count
-    rule)."""
-    monkeypatch.setenv(PD.VARIANT_ENV, "triton")
+@pytest.mark.parametrize("heads,bs,variant,mix", GPU_CASES, ids=lambda v: str(v))
+def test_gpu_balanced_launch(device, launch_guard, monkeypatch, heads, bs, variant, mix):
+    """Real sizes, bf16, the device's own (FILL_N, SLOTS, FINE), the Triton kernel and (auto,
+    sm_90) the Gluon forms (swap for MHA, rows for 64-token pages): outputs match the oracle
+    and are bitwise the one-pass launch's; on the ragged mix the long sequence is cut."""
+    monkeypatch.setenv(PD.VARIANT_ENV, variant)
     hq, hkv = heads
-    lens = [512] * 24 + [9000, 1, 4097, 513]
-    gen = torch.Generator().manual_seed(hq + hkv + bs)
+    lens = MIXES[mix]
+    gen = torch.Generator().manual_seed(hq + hkv + bs + len(lens))
     b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=128, block_size=bs, layout="bhsd",
                          dtype=torch.bfloat16, device=device, gen=gen, exact_capacity=False)
     # logits of std ~6: a few keys dominate, so long outputs stay above the bf16 tolerance
@@ -191,8 +202,13 @@ def test_gpu_ragged_batch_balanced(device, launch_guard, monkeypatch, heads, bs)
     monkeypatch.setattr(PD, "_balance", lambda *a: plan.append(real_bal(*a)) or plan[-1])
     out, lse = pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, **kw)
     part = PD.default_partition_size(hq // hkv)
-    shares, *_ = _plan(lens, part, hkv, *plan[0])
-    assert seen == ["balance"] and max(shares) > 1, (plan, shares)
+    assert seen == ["balance"], seen
+    if mix == "ragged":
+        fill_n, slots, fine = plan[0]
+        if hq == hkv and variant == "auto":  # the swap form's grain (decode.run)
+            slots, fine = slots * fine, 1
+        shares, *_ = _plan(lens, part, hkv, fill_n, slots, fine)
+        assert max(shares) > 1, (plan, shares)
     _check(b, q, out, lse, lens, 1, torch.bfloat16)
     PD.FORCE_MODE = "one_pass"
     ref, ref_lse = pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, **kw)

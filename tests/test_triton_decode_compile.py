@@ -118,19 +118,21 @@ import re, sys
 from gluon_offline import compile_sm90, resource_usage
 from pagedattn.triton_kernels import _decode_gluon as G
 
-one_pass, multi, d, group, lq, page, early, stamps, form = (int(x) for x in sys.argv[1:10])
+one_pass, multi, d, group, lq, page, early, stamps, form, bal = (int(x) for x in sys.argv[1:11])
 ROWS, SWAP, WS, PIPE = range(4)  # form: decode_sm90, decode_sm90_swap, decode_sm90_ws, PIPE
 block_n, ns = G.TILE
 cst = dict(G=group, R=group * lq, D=d, PAGE=page, PART=512, BLOCK_N=block_n, NS=ns,
            ONE_PASS=bool(one_pass), MULTI=bool(multi), CAUSAL=lq > 1, RETURN_LSE=True,
            EARLY=bool(early), PDL=not one_pass, TIMELINE=bool(stamps),
            num_warps=G.NUM_WARPS)
+if form != WS:  # the balanced launch (BAL: one-pass and MULTI off)
+    cst.update(BAL=bool(bal), NB_BLOCK=256)
 if form == PIPE:  # decode_sm90 with its P V wgmma in flight (PIPE: three ring slots)
     cst.update(PIPE=True, NS=3)
     ns = 3
 elif form == ROWS:
     cst["PIPE"] = False
-kernel, smem = G.decode_sm90, G.smem_bytes(d, block_n, ns)
+kernel, smem = G.decode_sm90, G.smem_bytes(d, block_n, ns, bal=bool(bal))
 if form in (SWAP, WS):  # keys on the wgmma's M side: N = the rows padded to a power of 2 >= 8
     from pagedattn.triton_kernels import _decode_gluon_swap as S
     from pagedattn.triton_kernels import _decode_gluon_ws as W
@@ -163,18 +165,23 @@ print("GLUON_DECODE_COMPILES_OK")
 """
 
 
-@pytest.mark.parametrize("form", ["1,0,128,4,1,16,1,0,0", "0,0,128,4,1,16,1,0,0",
-                                  "0,1,128,4,1,64,1,0,0", "1,0,64,64,1,1,1,0,0",
-                                  "1,0,128,8,4,256,1,0,0", "0,0,128,1,1,16,0,0,0",
-                                  "0,1,128,4,1,16,1,1,0", "1,0,128,4,1,16,1,0,1",
-                                  "0,1,128,8,4,256,0,1,1", "0,0,64,1,1,1,1,0,1",
-                                  "0,1,128,4,1,16,1,0,2", "1,0,128,8,4,256,1,1,2",
-                                  "0,1,128,4,1,16,1,0,3", "1,0,128,8,4,256,1,1,3"],
+@pytest.mark.parametrize("form", ["1,0,128,4,1,16,1,0,0,0", "0,0,128,4,1,16,1,0,0,0",
+                                  "0,1,128,4,1,64,1,0,0,0", "1,0,64,64,1,1,1,0,0,0",
+                                  "1,0,128,8,4,256,1,0,0,0", "0,0,128,1,1,16,0,0,0,0",
+                                  "0,1,128,4,1,16,1,1,0,0", "1,0,128,4,1,16,1,0,1,0",
+                                  "0,1,128,8,4,256,0,1,1,0", "0,0,64,1,1,1,1,0,1,0",
+                                  "0,1,128,4,1,16,1,0,2,0", "1,0,128,8,4,256,1,1,2,0",
+                                  "0,1,128,4,1,16,1,0,3,0", "1,0,128,8,4,256,1,1,3,0",
+                                  "0,0,128,4,1,64,1,0,0,1", "0,0,128,8,4,16,1,1,0,1",
+                                  "0,0,128,1,1,16,1,0,1,1", "0,0,64,1,1,1,0,1,1,1",
+                                  "0,0,128,4,1,64,1,0,3,1"],
                          ids=["one-pass", "split", "split-multi", "mqa-d64-page1",
                               "spec-decode-page256", "split-mha-late", "split-timeline",
                               "swap-one-pass", "swap-spec-decode-late-timeline",
                               "swap-mha-d64-page1", "ws-split-multi", "ws-one-pass-spec-timeline",
-                              "pipe-split-multi", "pipe-one-pass-spec-timeline"])
+                              "pipe-split-multi", "pipe-one-pass-spec-timeline",
+                              "balanced", "balanced-spec-decode-timeline", "swap-balanced",
+                              "swap-balanced-d64-page1-late-timeline", "pipe-balanced"])
 def test_gluon_decode_compiles_for_sm90(form):
     """The Gluon decode kernel (triton 3.6 only: Gluon's API moves between releases) for sm_90:
     async wgmma and cp.async, the shared memory the launcher plans with, no spills."""

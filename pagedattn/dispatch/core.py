@@ -135,10 +135,9 @@ def _variant(backend, op, f, arch) -> Tuple[str, dict, list]:
             if backend == "hip" else {}
     else:
         part, pwhy = partition_size_for(f["group"], f["block_size"], f["partition_size"])
-        gluon = arch.arch == "sm_90" and (f["group"] == 1 or (f["block_size"] or 0) >= 64)
         if f["short"]:
             variant, vwhy = "one_pass", f"one pass: the context fits one {part}-token partition"
-        elif backend == "triton" and not gluon:
+        elif backend == "triton":
             variant, vwhy = "balanced", ("balanced split: each program sizes its share of a "
                                          "sequence from the batch's lengths, on the device")
         elif f["fills"]:

@@ -50,11 +50,12 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     dc = tl.program_id(2) % DSPLIT
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
     if BAL:
-        lens0 = batch_lens(seq_lens_ptr, NB, NB_BLOCK)
+        j0 = tl.arange(0, NB_BLOCK)
+        lens0 = batch_lens(seq_lens_ptr, NB, j0)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
     if BAL:  # reads inputs only: before the wait
-        ppp, fill = plan(lens0, seq_lens_ptr, NB, tl.num_programs(0), FILL_N, SLOTS, FINE, PART,
-                         NB_BLOCK)
+        ppp, fill = plan(lens0, j0, seq_lens_ptr, NB, tl.num_programs(0), FILL_N, SLOTS, FINE,
+                         PART, NB_BLOCK)
         n_parts = tl.where((n_parts <= ppp) | fill, 1, n_parts)
     if PDL:
         if BAL:

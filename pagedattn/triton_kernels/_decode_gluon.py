@@ -39,8 +39,8 @@ from pagedattn._triton import interpreter_enabled
 from pagedattn.triton_kernels import _decode_gluon_swap as S
 from pagedattn.triton_kernels import _decode_gluon_ws as W
 from pagedattn.triton_kernels import _replay
-from pagedattn.triton_kernels._decode_gluon_kernel import (BLOCK_M, NUM_WARPS, STAMPS,  # noqa: F401
-                                                           decode_sm90)
+from pagedattn.triton_kernels._decode_gluon_kernel import decode_sm90
+from pagedattn.triton_kernels._decode_gluon_ring import BLOCK_M, NUM_WARPS, STAMPS  # noqa: F401
 
 # (BLOCK_N, NS): KV tokens per tile, ring slots. H200, session 12 call 1 (ab_gluon_8ee400b.md):
 # of (64, 3), (32, 3), (32, 4) and (64, 2), (64, 2) was the fastest on 12 of the 20 issue rows and
@@ -127,6 +127,12 @@ def one_partition(rows: int, block_n: int) -> bool:
     return form(rows, block_n) == "swap"
 
 
+def balanced(rows: int, block_n: int) -> bool:
+    """Whether the :func:`form` that serves ``rows`` has the balanced launch (``decode.py``;
+    ``ws``, an A/B form, keeps the count rule)."""
+    return form(rows, block_n) != "ws"
+
+
 def occupancy(rows: int, block_n: int) -> tuple:
     """(warps, registers per thread at launch or None) of one program of the :func:`form` that
     serves ``rows``: what the split planner needs besides shared memory."""
@@ -135,14 +141,17 @@ def occupancy(rows: int, block_n: int) -> tuple:
     return NUM_WARPS, None
 
 
-def smem_bytes(head_dim: int, block_n: int, ns: int, elem: int = 2, rows: int = BLOCK_M) -> int:
-    """Shared memory of one program of the :func:`form` that serves ``rows``."""
+def smem_bytes(head_dim: int, block_n: int, ns: int, elem: int = 2, rows: int = BLOCK_M,
+               bal: bool = False) -> int:
+    """Shared memory of one program of the :func:`form` that serves ``rows`` (``bal``: of the
+    balanced launch)."""
     which = form(rows, block_n)
-    if which == "swap":
+    if which == "swap":  # (the plan's reductions reuse the rows' scratch)
         return S.smem_bytes(head_dim, block_n, ns, rows, elem, NUM_WARPS)
     if which == "ws":
         return W.smem_bytes(head_dim, block_n, ns, rows, elem)
-    return (BLOCK_M + 2 * ns * block_n) * head_dim * elem  # Q and the K and V rings
+    # Q and the K and V rings; the plan's cross-warp reductions (int32 per warp)
+    return (BLOCK_M + 2 * ns * block_n) * head_dim * elem + (4 * NUM_WARPS if bal else 0)
 
 
 def is_sm90(device) -> bool:
@@ -184,27 +193,32 @@ def unsupported(call, ks, vs, rows: int, part: int, block_n: int) -> list:
 
 
 def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max, ppp,
-           one_pass, pdl, block_n, ns, rec=None):
+           one_pass, pdl, block_n, ns, bal, rec=None):
     """Run the kernel on ``grid`` (as decode.run's Triton launch) for a call the gate accepted,
     on the :func:`tile` (block_n, ns); pdl: the combine follows as a programmatic dependent
-    launch (this grid lets it start); rec: an ``_replay.Recorder`` or None."""
+    launch (this grid lets it start); bal: the balanced launch's inputs (decode.run's: NB,
+    FILL_N, SLOTS, FINE, BAL, NB_BLOCK); rec: an ``_replay.Recorder`` or None."""
     d = call.geom.head_dim
     stamps = TIMELINE
     if stamps is not None and stamps.numel() < STAMPS * grid[0] * grid[1] * grid[2]:
         raise ValueError(f"_decode_gluon.TIMELINE: {stamps.numel()} int64 < {STAMPS} per "
                          "program")
     which = form(rows, block_n)  # the form's own constexprs and launch options
+    plan = (bal["NB"], bal["FILL_N"], bal["SLOTS"], bal["FINE"])
+    flags = dict(BAL=bal["BAL"], NB_BLOCK=bal["NB_BLOCK"])
     if which == "rows":
-        kernel, extra = decode_sm90, dict(PIPE=pipe(ns))
+        kernel, extra = decode_sm90, dict(PIPE=pipe(ns), **flags)
     elif which == "swap":
-        kernel, extra = S.decode_sm90_swap, dict(NQ=S.rows_padded(rows))
-    else:  # ws: 128 registers at launch, two 8-warp programs per SM
+        kernel, extra = S.decode_sm90_swap, dict(NQ=S.rows_padded(rows), **flags)
+    else:  # ws: 128 registers at launch, two 8-warp programs per SM; the count rule only
         kernel, extra = W.decode_sm90_ws, dict(NQ=S.rows_padded(rows), maxnreg=W.MAXNREG)
+        assert not bal["BAL"], "the ws form has no balanced launch"
+        plan = ()
     _replay.launch(
         rec, kernel, grid,
         q4, call.k_cache, call.v_cache, call.block_table, call.seq_lens, out4, lse, ws_ml, ws_o,
         stamps if stamps is not None else lse, float(call.opts.scale) * 1.4426950408889634,
-        q4.shape[1], q4.shape[2], n_part_max, ppp,
+        q4.shape[1], q4.shape[2], n_part_max, ppp, *plan,
         q4.stride(0), q4.stride(1), q4.stride(2), out4.stride(0), out4.stride(1),
         out4.stride(2), call.block_table.stride(0), ks.block, ks.token, ks.head, vs.block,
         vs.token, vs.head, G=group, R=rows, D=d, PAGE=call.geom.block_size, PART=part,

@@ -1,6 +1,6 @@
-"""The Gluon decode kernel for sm_90 (``decode_sm90``) and the helpers its forms share.
-
-The design, the gate and the launcher are in ``_decode_gluon.py``.
+"""The Gluon decode kernel for sm_90 (``decode_sm90``) and the state helpers its forms share
+(fold, park, finish). The design, the gate and the launcher are in ``_decode_gluon.py``; the
+program setup and the ring's prologue in ``_decode_gluon_ring.py``.
 
 Pipeline (NS ring slots, one cp.async group per tile {K_t, V_t}):
 
@@ -11,138 +11,16 @@ Pipeline (NS ring slots, one cp.async group per tile {K_t, V_t}):
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
-                                                              warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
-from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
+from pagedattn.triton_kernels._decode_gluon_ring import (_BLOCK_M, _STAMPS, _bal_lens, _clock,
+                                                         _copy_rows, _issue_kv, _kv_base, _landed,
+                                                         _program, _ring_plan, _ring_start,
+                                                         _stamp)
+from pagedattn.triton_kernels._extend_gluon import _ids
 
 _LN2 = gl.constexpr(0.6931471805599453)
-BLOCK_M = 64  # one warpgroup's wgmma rows
-_BLOCK_M = gl.constexpr(BLOCK_M)  # jit code reads globals only as constexpr
-NUM_WARPS = 4
-# int64 per program in _decode_gluon.TIMELINE: 4 %globaltimer stamps (_stamp), the SM id, and
-# the loop's %clock64 cycles spent issuing copies, waiting for tiles and computing (decode_sm90)
-STAMPS = 8
-_STAMPS = gl.constexpr(STAMPS)
-
-
-@gluon.jit
-def _stamp(tl_ptr, slot: gl.constexpr, x):
-    """TIMELINE runs: %globaltimer (ns) into tl_ptr[program, slot] (slots: 0 start, 1 first
-    tile landed, 2 loop done, 3 exit); at slot 0 also %smid into slot 4 (which SM ran the
-    program); x: any int32 scalar (the asm needs an operand)."""
-    ns = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=gl.int64,
-                                   is_pure=False, pack=1)
-    pid = (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) \
-        + gl.program_id(0)
-    gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + slot, ns)
-    if slot == 0:
-        sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [x], dtype=gl.int32,
-                                       is_pure=False, pack=1)
-        gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 4, sm.to(gl.int64))
-
-
-@gluon.jit
-def _clock(x):
-    """TIMELINE runs: the SM's %clock64."""
-    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [x], dtype=gl.int64,
-                                     is_pure=False, pack=1)
-
-
-@gluon.jit
-def _program(tl_ptr, lens_ptr, PPP, PART: gl.constexpr, ONE_PASS: gl.constexpr,
-             MULTI: gl.constexpr, PDL: gl.constexpr, TIMELINE: gl.constexpr):
-    """What a program of every Gluon decode form serves: (KV head h, sequence s, seq_len, its
-    partition count, the program's first partition p, its tokens [t_lo, t_hi)). Grid: (Hkv, B,
-    P) split, (Hkv, B, cdiv(P, PPP)) split with MULTI, (Hkv, B, 1) one pass; p >= the count:
-    nothing to do. Stamps the start (TIMELINE) and lets the combine launch (PDL)."""
-    h = gl.program_id(0)
-    if TIMELINE:
-        _stamp(tl_ptr, 0, h)
-    if PDL:  # the combine launch may start now; it waits for this grid before reading
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n mov.u32 $0, $1;", "=r,r",
-                                  [h], dtype=gl.int32, is_pure=False, pack=1)
-    s = gl.program_id(1).to(gl.int64)
-    seq_len = gl.load(lens_ptr + s)
-    n_parts = gl.maximum((seq_len + PART - 1) // PART, 1)
-    if ONE_PASS:
-        p = 0
-        t_lo = 0
-        t_hi = seq_len
-    elif MULTI:
-        p = gl.program_id(2) * PPP
-        t_lo = p * PART
-        t_hi = gl.minimum((p + PPP) * PART, seq_len)
-    else:
-        p = gl.program_id(2)
-        t_lo = p * PART
-        t_hi = gl.minimum(p * PART + PART, seq_len)
-    return h, s, seq_len, n_parts, p, t_lo, t_hi
-
-
-@gluon.jit
-def _kv_base(bt_ptr, kc_ptr, vc_ptr, s, h, seq_len, t_lo, t_hi, LQ, stride_bt, stride_kb,
-             stride_kh, stride_vb, stride_vh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """What every form's tile loop addresses from: (its tile count, lim, the sequence's block
-    table row, this head's K and V bases, the block strides as int64 of their uint32). Tiles
-    ending past lim hold a key some row cannot see."""
-    n_tiles = gl.cdiv(t_hi - t_lo, BLOCK_N)
-    lim = t_hi
-    if CAUSAL:
-        lim = gl.minimum(t_hi, seq_len - LQ + 1)
-    bt_row = bt_ptr + s * stride_bt
-    kc_h = kc_ptr + h.to(gl.int64) * stride_kh
-    vc_h = vc_ptr + h.to(gl.int64) * stride_vh
-    sb_k = stride_kb.to(gl.uint32).to(gl.int64)
-    sb_v = stride_vb.to(gl.uint32).to(gl.int64)
-    return n_tiles, lim, bt_row, kc_h, vc_h, sb_k, sb_v
-
-
-@gluon.jit
-def _copy_rows(stride_kt, stride_vt, D: gl.constexpr, PAGE: gl.constexpr,
-               BLOCK_N: gl.constexpr, LD: gl.constexpr):
-    """(head-dim columns, key rows of a tile, the rows' loop-invariant K and V token offsets:
-    int32, within one page) of the cp.async copies in layout LD."""
-    dcol = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
-    r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))  # key row within a tile
-    TPP: gl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N  # tile rows per page
-    return dcol, r, (r % TPP) * stride_kt, (r % TPP) * stride_vt
-
-
-@gluon.jit
-def _issue_kv(k_slot, v_slot, kc_h, vc_h, ids, start, t_hi, sb_k, sb_v, stride_kt, stride_vt,
-              k_tok, v_tok, r, dcol, PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
-    """K and V of the tile at ``start`` (block ids ``ids``) into their ring slots: one cp.async
-    group."""
-    _issue(k_slot, kc_h, ids, start, t_hi, sb_k, stride_kt, k_tok, r, dcol, PAGE, BLOCK_N)
-    _issue(v_slot, vc_h, ids, start, t_hi, sb_v, stride_vt, v_tok, r, dcol, PAGE, BLOCK_N)
-    async_copy.commit_group()
-
-
-@gluon.jit
-def _ring_start(q_smem, q_seq_ptr, k_ring, v_ring, kc_h, vc_h, bt_row, t_lo, t_hi, LQ, h,
-                stride_qt, stride_qh, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol,
-                G: gl.constexpr, M: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
-                LEAD: gl.constexpr, LD: gl.constexpr):
-    """The prologue of the cp.async ring: Q (its M rows: row r = (token r // G, head h * G +
-    r % G), the extend kernel's rows for one query block of LQ tokens) joins tile 0's group,
-    tiles 1 .. LEAD - 1 one group each. Returns the block ids of tile LEAD."""
-    _load_q(q_smem, q_seq_ptr, 0, 0, LQ, h, stride_qt, stride_qh, dcol, G, G, M, LD)
-    for i in gl.static_range(LEAD):
-        start = t_lo + i * BLOCK_N
-        _issue_kv(k_ring.index(i), v_ring.index(i), kc_h, vc_h,
-                  _ids(bt_row, start, t_hi, r, PAGE, BLOCK_N), start, t_hi, sb_k, sb_v,
-                  stride_kt, stride_vt, k_tok, v_tok, r, dcol, PAGE, BLOCK_N)
-    return _ids(bt_row, t_lo + LEAD * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
-
-
-@gluon.jit
-def _landed(n: gl.constexpr):
-    """Wait until at most n of this thread's copy groups are in flight, then make the landed
-    tiles visible to the wgmma (async proxy) and wait for every thread's copies."""
-    async_copy.wait_group(n)
-    fence_async_shared()
-    gl.thread_barrier()
 
 
 @gluon.jit
@@ -205,13 +83,14 @@ def decode_sm90(
     ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
     tl_ptr,  # int64 [programs, STAMPS]: TIMELINE stamps (else any pointer, never touched)
     qk_scale,  # sm_scale * log2(e)
-    LQ, Hq, P, PPP,
+    LQ, Hq, P, PPP, NB, FILL_N, SLOTS, FINE,  # NB ..: the balanced launch's plan (BAL)
     stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_bt,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PART: gl.constexpr,
     BLOCK_N: gl.constexpr, NS: gl.constexpr, ONE_PASS: gl.constexpr, MULTI: gl.constexpr,
     CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, EARLY: gl.constexpr, PDL: gl.constexpr,
-    TIMELINE: gl.constexpr, PIPE: gl.constexpr, num_warps: gl.constexpr,
+    TIMELINE: gl.constexpr, PIPE: gl.constexpr, BAL: gl.constexpr, NB_BLOCK: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     # tiles issued ahead of the one computed; PIPE keeps one more slot for the P V in flight
@@ -231,7 +110,9 @@ def decode_sm90(
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_BLOCK_M, D], dtype)
 
     h, s, seq_len, n_parts, p, t_lo, t_hi = _program(tl_ptr, lens_ptr, PPP, PART, ONE_PASS,
-                                                     MULTI, PDL, TIMELINE)
+                                                     MULTI, PDL, TIMELINE, BAL, NB)
+    if BAL:  # issued beside seq_len
+        lens0, j0 = _bal_lens(lens_ptr, NB, NB_BLOCK, num_warps)
     if p >= n_parts:  # split: past the sequence's last partition
         if TIMELINE:
             _stamp(tl_ptr, 3, h)
@@ -244,9 +125,25 @@ def decode_sm90(
     k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
     v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
 
-    ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h, bt_row, t_lo,
-                         t_hi, LQ, h, stride_qt, stride_qh, sb_k, sb_v, stride_kt, stride_vt,
-                         k_tok, v_tok, r, dcol, G, _BLOCK_M, PAGE, BLOCK_N, LEAD, LD)
+    whole = p < 0  # balanced launch: this program owns its sequence (folds, writes out)
+    if BAL:
+        s, seq_len, n_parts, p, t_lo, t_hi, whole, none, ids_nx = _ring_plan(
+            q_smem, q_ptr, k_ring, v_ring, kc_h, vc_h, bt_ptr, lens_ptr, lens0, j0, s, seq_len,
+            LQ, h, NB, FILL_N, SLOTS, FINE, stride_qb, stride_qt, stride_qh, stride_bt, sb_k,
+            sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol, G, _BLOCK_M, PAGE, PART, BLOCK_N,
+            LEAD, LD, NB_BLOCK)
+        if none:
+            if TIMELINE:
+                _stamp(tl_ptr, 3, h)
+            return
+        n_tiles, lim, bt_row, kc_h, vc_h, sb_k, sb_v = _kv_base(
+            bt_ptr, kc_ptr, vc_ptr, s, h, seq_len, t_lo, t_hi, LQ, stride_bt, stride_kb,
+            stride_kh, stride_vb, stride_vh, BLOCK_N, CAUSAL)
+    else:
+        ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h, bt_row,
+                             t_lo, t_hi, LQ, h, stride_qt, stride_qh, sb_k, sb_v, stride_kt,
+                             stride_vt, k_tok, v_tok, r, dcol, G, _BLOCK_M, PAGE, BLOCK_N, LEAD,
+                             LD)
 
     rows_s = gl.arange(0, _BLOCK_M, layout=ROW_S)
     pos = seq_len - LQ + rows_s // G  # [M] absolute query position of each row
@@ -333,6 +230,15 @@ def decode_sm90(
                 m_i = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_S)
                 l_i = gl.zeros([_BLOCK_M], gl.float32, ROW_S)
                 o = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
+            elif BAL:
+                if whole:
+                    big_m, big_l, big_a = _fold(big_m, big_l, big_a, m_i, l_i, o, ROW_O)
+                else:
+                    _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R, m_i, l_i, o, R,
+                          D, ROW_S, ROW_O, COL_O)
+                m_i = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_S)
+                l_i = gl.zeros([_BLOCK_M], gl.float32, ROW_S)
+                o = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
             elif n_parts > 1:  # a single-partition sequence is finished below
                 _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R, m_i, l_i, o, R, D,
                       ROW_S, ROW_O, COL_O)
@@ -352,6 +258,10 @@ def decode_sm90(
     if ONE_PASS:
         _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
                 stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
+    elif BAL:
+        if whole:
+            _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
+                    stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
     elif n_parts == 1:  # the state one pass would hold: one fold into the empty state
         big_m, big_l, big_a = _fold(big_m, big_l, big_a, m_i, l_i, o, ROW_O)
         _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,

@@ -27,8 +27,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
                                                               warpgroup_mma)
 
-from pagedattn.triton_kernels._decode_gluon_kernel import (_copy_rows, _issue_kv, _kv_base, _landed,
-                                                           _program, _ring_start, _stamp)
+from pagedattn.triton_kernels._decode_gluon_ring import (_bal_lens, _copy_rows, _issue_kv,
+                                                         _kv_base, _landed, _program, _ring_plan,
+                                                         _ring_start, _stamp)
 from pagedattn.triton_kernels._extend_gluon import _ids
 
 _LN2 = gl.constexpr(0.6931471805599453)
@@ -125,14 +126,24 @@ def _softmax_t(sc, m_i, l_i, o, start, lim, t_hi, keys, pos, qk_scale, CAUSAL: g
 @gluon.jit
 def _end_tile_t(ws_ml_ptr, ws_o_ptr, ws_row0, end, t_hi, n_parts, m_i, l_i, o, big_m, big_l,
                 big_a, R: gl.constexpr, PART: gl.constexpr, ONE_PASS: gl.constexpr,
-                MMA: gl.constexpr):
+                MMA: gl.constexpr, BAL: gl.constexpr = False, whole=False):
     """After the tile ending at ``end``: at a partition's last tile, fold its state into the
-    running one (one pass) or park it for the combine (split, several partitions), and start
-    the next partition empty. Returns (big_m, big_l, big_a, m, l, O^T)."""
+    running one (one pass; a balanced program that owns its sequence: BAL and whole) or park it
+    for the combine (split, several partitions), and start the next partition empty. Returns
+    (big_m, big_l, big_a, m, l, O^T)."""
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
     if ((end % PART) == 0) | (end >= t_hi):  # this partition's last tile
         if ONE_PASS:
             big_m, big_l, big_a = _fold_t(big_m, big_l, big_a, m_i, l_i, o, COL)
+            m_i = gl.full(m_i.shape, float("-inf"), gl.float32, COL)
+            l_i = gl.zeros(l_i.shape, gl.float32, COL)
+            o = gl.zeros(o.shape, gl.float32, MMA)
+        elif BAL:
+            if whole:
+                big_m, big_l, big_a = _fold_t(big_m, big_l, big_a, m_i, l_i, o, COL)
+            else:
+                _park_t(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R, m_i, l_i, o, R,
+                        o.shape[0], COL, gl.SliceLayout(1, MMA), COL)
             m_i = gl.full(m_i.shape, float("-inf"), gl.float32, COL)
             l_i = gl.zeros(l_i.shape, gl.float32, COL)
             o = gl.zeros(o.shape, gl.float32, MMA)
@@ -148,14 +159,20 @@ def _end_tile_t(ws_ml_ptr, ws_o_ptr, ws_row0, end, t_hi, n_parts, m_i, l_i, o, b
 @gluon.jit
 def _epilogue_t(out_ptr, lse_ptr, s, h, n_parts, m_i, l_i, o, big_m, big_l, big_a, Hq, LQ,
                 stride_ob, stride_ot, stride_oh, G: gl.constexpr, R: gl.constexpr,
-                ONE_PASS: gl.constexpr, RETURN_LSE: gl.constexpr, MMA: gl.constexpr):
-    """Store out (and lse) where this program finishes its sequence: one pass, or a split
-    sequence of one partition (the state one pass would hold: one fold into the empty one)."""
+                ONE_PASS: gl.constexpr, RETURN_LSE: gl.constexpr, MMA: gl.constexpr,
+                BAL: gl.constexpr = False, whole=False):
+    """Store out (and lse) where this program finishes its sequence: one pass, a balanced
+    program that owns its sequence (BAL and whole), or a split sequence of one partition (the
+    state one pass would hold: one fold into the empty one)."""
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
     if ONE_PASS:
         _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
                   stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL)
+    elif BAL:
+        if whole:
+            _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
+                      stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL)
     elif n_parts == 1:
         big_m, big_l, big_a = _fold_t(big_m, big_l, big_a, m_i, l_i, o, COL)
         _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
@@ -172,13 +189,14 @@ def decode_sm90_swap(
     ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
     tl_ptr,  # int64 [programs, STAMPS]: TIMELINE stamps (else any pointer, never touched)
     qk_scale,  # sm_scale * log2(e)
-    LQ, Hq, P, PPP,
+    LQ, Hq, P, PPP, NB, FILL_N, SLOTS, FINE,  # NB ..: the balanced launch's plan (BAL)
     stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_bt,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     G: gl.constexpr, R: gl.constexpr, NQ: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     PART: gl.constexpr, BLOCK_N: gl.constexpr, NS: gl.constexpr, ONE_PASS: gl.constexpr,
     MULTI: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, EARLY: gl.constexpr,
-    PDL: gl.constexpr, TIMELINE: gl.constexpr, num_warps: gl.constexpr,
+    PDL: gl.constexpr, TIMELINE: gl.constexpr, BAL: gl.constexpr, NB_BLOCK: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     TPC: gl.constexpr = D // 8  # threads per row of a 16-byte-per-thread copy
@@ -192,7 +210,9 @@ def decode_sm90_swap(
     P_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, BLOCK_N], dtype)
 
     h, s, seq_len, n_parts, p, t_lo, t_hi = _program(tl_ptr, lens_ptr, PPP, PART, ONE_PASS,
-                                                     MULTI, PDL, TIMELINE)
+                                                     MULTI, PDL, TIMELINE, BAL, NB)
+    if BAL:  # issued beside seq_len
+        lens0, j0 = _bal_lens(lens_ptr, NB, NB_BLOCK, num_warps)
     if p >= n_parts:  # split: past the sequence's last partition
         if TIMELINE:
             _stamp(tl_ptr, 3, h)
@@ -206,9 +226,24 @@ def decode_sm90_swap(
     v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
     p_smem = gl.allocate_shared_memory(dtype, [NQ, BLOCK_N], P_SMEM)  # P [NQ, BLOCK_N]
 
-    ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h, bt_row, t_lo,
-                         t_hi, LQ, h, stride_qt, stride_qh, sb_k, sb_v, stride_kt, stride_vt,
-                         k_tok, v_tok, r, dcol, G, NQ, PAGE, BLOCK_N, NS - 1, LD)
+    whole = p < 0  # balanced launch: this program owns its sequence (folds, writes out)
+    if BAL:
+        s, seq_len, n_parts, p, t_lo, t_hi, whole, none, ids_nx = _ring_plan(
+            q_smem, q_ptr, k_ring, v_ring, kc_h, vc_h, bt_ptr, lens_ptr, lens0, j0, s, seq_len,
+            LQ, h, NB, FILL_N, SLOTS, FINE, stride_qb, stride_qt, stride_qh, stride_bt, sb_k,
+            sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol, G, NQ, PAGE, PART, BLOCK_N,
+            NS - 1, LD, NB_BLOCK)
+        if none:
+            if TIMELINE:
+                _stamp(tl_ptr, 3, h)
+            return
+        n_tiles, lim, bt_row, kc_h, vc_h, sb_k, sb_v = _kv_base(
+            bt_ptr, kc_ptr, vc_ptr, s, h, seq_len, t_lo, t_hi, LQ, stride_bt, stride_kb,
+            stride_kh, stride_vb, stride_vh, BLOCK_N, CAUSAL)
+    else:
+        ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h, bt_row,
+                             t_lo, t_hi, LQ, h, stride_qt, stride_qh, sb_k, sb_v, stride_kt,
+                             stride_vt, k_tok, v_tok, r, dcol, G, NQ, PAGE, BLOCK_N, NS - 1, LD)
 
     qrow = gl.arange(0, NQ, layout=COL_S)
     pos = seq_len - LQ + qrow // G  # [NQ] absolute query position of each row
@@ -253,12 +288,12 @@ def decode_sm90_swap(
 
         big_m, big_l, big_a, m_i, l_i, o = _end_tile_t(
             ws_ml_ptr, ws_o_ptr, ws_row0, start + BLOCK_N, t_hi, n_parts, m_i, l_i, o, big_m,
-            big_l, big_a, R, PART, ONE_PASS, MMA)
+            big_l, big_a, R, PART, ONE_PASS, MMA, BAL, whole)
     async_copy.wait_group(0)  # no copy outlives the program
     if TIMELINE:
         _stamp(tl_ptr, 2, h)
 
     _epilogue_t(out_ptr, lse_ptr, s, h, n_parts, m_i, l_i, o, big_m, big_l, big_a, Hq, LQ,
-                stride_ob, stride_ot, stride_oh, G, R, ONE_PASS, RETURN_LSE, MMA)
+                stride_ob, stride_ot, stride_oh, G, R, ONE_PASS, RETURN_LSE, MMA, BAL, whole)
     if TIMELINE:
         _stamp(tl_ptr, 3, h)

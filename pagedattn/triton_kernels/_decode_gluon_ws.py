@@ -22,7 +22,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
                                                               mbarrier, warpgroup_mma)
 
-from pagedattn.triton_kernels._decode_gluon_kernel import _kv_base, _program, _stamp
+from pagedattn.triton_kernels._decode_gluon_ring import _kv_base, _program, _stamp
 from pagedattn.triton_kernels._decode_gluon_swap import _end_tile_t, _epilogue_t, _softmax_t
 from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
 

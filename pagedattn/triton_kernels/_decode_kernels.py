@@ -249,7 +249,8 @@ def _decode_kernel(
         s = tl.minimum(s, NB - 1)
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
     if BAL:  # the batch's lengths, issued beside seq_len: one round trip for both
-        lens0 = batch_lens(seq_lens_ptr, NB, NB_BLOCK)
+        j0 = tl.arange(0, NB_BLOCK)
+        lens0 = batch_lens(seq_lens_ptr, NB, j0)
     rows = tl.arange(0, BLOCK_M)  # row r = (query token r // G, head h*G + r % G)
     row_ok = rows < R
     qi = rows // G
@@ -265,11 +266,11 @@ def _decode_kernel(
         blk_pre = _tile_block_ids(block_table_ptr + s * stride_bt,
                                   _first_tile(seq_len, LQ, window, HAS_WINDOW, STEP), BT_W * BS,
                                   tl.arange(0, BLOCK_N), BS, ONE_BLOCK)
-        ppp, fill = plan(lens0, seq_lens_ptr, NB, tl.num_programs(0), FILL_N, SLOTS, FINE, PART,
-                         NB_BLOCK)
+        ppp, fill = plan(lens0, j0, seq_lens_ptr, NB, tl.num_programs(0), FILL_N, SLOTS, FINE,
+                         PART, NB_BLOCK)
         a = y * 0
         if y >= NB:  # an extra share: (sequence, share, length) from the plan
-            s2, a, seq_len = extra_share(lens0, seq_lens_ptr, NB, y - NB, ppp, fill, PART,
+            s2, a, seq_len = extra_share(lens0, j0, seq_lens_ptr, NB, y - NB, ppp, fill, PART,
                                          NB_BLOCK)
             a = tl.where(s2 < 0, 1, a)  # none (the grid's bound exceeds the batch's shares):
             seq_len = tl.where(s2 < 0, 0, seq_len)  # one partition, share 1: nothing to do

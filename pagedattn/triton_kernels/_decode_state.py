@@ -95,10 +95,15 @@ def fold_last(cnt_ptr, mine, n_parts, ws_ml_ptr, ws_o_ptr, ws_row0, d, d_mask, R
 
 
 @triton.jit
-def batch_lens(lens_ptr, NB, NB_BLOCK: tl.constexpr):
-    """The first NB_BLOCK sequence lengths (int32; 0 past NB), for :func:`plan`."""
-    j = tl.arange(0, NB_BLOCK)
+def batch_lens(lens_ptr, NB, j):
+    """The lengths of sequences j (int32; 0 past NB). j: 0 .. NB_BLOCK - 1 in the caller's
+    layout (the plan's functions serve the Triton and the Gluon kernels alike)."""
     return tl.load(lens_ptr + j, mask=j < NB, other=0).to(tl.int32)
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
 
 
 @triton.jit
@@ -108,10 +113,10 @@ def _parts(n, j, NB, PART):
 
 
 @triton.jit
-def plan(lens0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.constexpr):
+def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.constexpr):
     """The balanced launch's plan from every sequence's length (``decode._balance``; lens0: the
-    first NB_BLOCK lengths, loaded by the caller beside its own so that both take one round
-    trip; the rest are read here): (ppp, fill). A sequence of n partitions runs whole in one
+    first NB_BLOCK lengths (:func:`batch_lens` of j0), loaded by the caller beside its own so
+    that both take one round trip; the rest are read here): (ppp, fill). A sequence of n partitions runs whole in one
     program (it folds its partitions in registers and writes out, as one pass does) when
     n <= ppp or fill; else in shares of ppp partitions, parked for the combine.
 
@@ -122,14 +127,14 @@ def plan(lens0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.const
     over several waves, so none may hold much of a wave's work (H200, session 19: shares of
     cdiv(T, SLOTS) were 11-12 % slower than one partition per program on two ragged mixes).
     """
-    c = _parts(lens0, tl.arange(0, NB_BLOCK), NB, PART)
-    tot = tl.sum(c)
-    longest = tl.maximum(tl.max(c), 1)
+    c = _parts(lens0, j0, NB, PART)
+    tot = tl.sum(c, 0)
+    longest = tl.maximum(tl.max(c, 0), 1)
     for i in tl.range(NB_BLOCK, NB, NB_BLOCK, num_stages=1):
-        j = i + tl.arange(0, NB_BLOCK)
-        c = _parts(tl.load(lens_ptr + j, mask=j < NB, other=0).to(tl.int32), j, NB, PART)
-        tot += tl.sum(c)
-        longest = tl.maximum(longest, tl.max(c))
+        j = i + j0
+        c = _parts(batch_lens(lens_ptr, NB, j), j, NB, PART)
+        tot += tl.sum(c, 0)
+        longest = tl.maximum(longest, tl.max(c, 0))
     even = 4 * longest * NB <= 5 * tot
     tot = tot * HKV
     ppp = tl.where(even, (tot + SLOTS - 1) // SLOTS, (tot + FINE * SLOTS - 1) // (FINE * SLOTS))
@@ -148,27 +153,27 @@ def _find(x, n, j, e, before, s, a, len_s):
     """One load of lengths n (sequences j, extras x): if extra share e falls in it, its
     (sequence, share, length) replace (s, a, len_s); ``before``: the extras of earlier loads.
     Returns them and the extras up to the end of this load."""
-    cum = before + tl.cumsum(x, 0)  # inclusive; nondecreasing
+    cum = before + tl.associative_scan(x, 0, _add)  # inclusive; nondecreasing
     past = cum <= e  # sequences whose shares all lie before e
-    jh = tl.min(tl.where(past, 2147483647, j))  # the first that does not
+    jh = tl.min(tl.where(past, 2147483647, j), 0)  # the first that does not
     hit = (s < 0) & (jh < 2147483647)
-    excl = tl.max(tl.where(past, cum, before))  # extras before that sequence
+    excl = tl.max(tl.where(past, cum, before), 0)  # extras before that sequence
     s = tl.where(hit, jh, s)
     a = tl.where(hit, e - excl + 1, a)
-    len_s = tl.where(hit, tl.sum(tl.where(j == jh, n, 0)), len_s)
-    return s, a, len_s, tl.max(cum)
+    len_s = tl.where(hit, tl.sum(tl.where(j == jh, n, 0), 0), len_s)
+    return s, a, len_s, tl.max(cum, 0)
 
 
 @triton.jit
-def extra_share(lens0, lens_ptr, NB, e, ppp, fill, PART, NB_BLOCK: tl.constexpr):
+def extra_share(lens0, j0, lens_ptr, NB, e, ppp, fill, PART, NB_BLOCK: tl.constexpr):
     """The balanced grid's extra share e (>= 0): shares past the first of every split sequence,
     listed in sequence order (sequence i holds cdiv(n_i, ppp) - 1 of them). Returns (sequence,
     share index >= 1, its length); sequence -1 when the batch has no share e."""
-    j = tl.arange(0, NB_BLOCK)
-    s, a, len_s, before = _find(_extras(lens0, j, NB, ppp, fill, PART), lens0, j, e, 0, -1, 0, 0)
+    s, a, len_s, before = _find(_extras(lens0, j0, NB, ppp, fill, PART), lens0, j0, e, 0, -1, 0,
+                                0)
     for i in tl.range(NB_BLOCK, NB, NB_BLOCK, num_stages=1):
-        j = i + tl.arange(0, NB_BLOCK)
-        n = tl.load(lens_ptr + j, mask=j < NB, other=0).to(tl.int32)
+        j = i + j0
+        n = batch_lens(lens_ptr, NB, j)
         s, a, len_s, before = _find(_extras(n, j, NB, ppp, fill, PART), n, j, e, before, s, a,
                                     len_s)
     return s, a, len_s

@@ -216,9 +216,9 @@ MODES = ("one_pass", "split", "balance", "count")
 
 def _mode(num_seqs, num_kv_heads, device, n_part_max, gluon=False):
     """The launch shape: one_pass or split when forced (FORCE_MODE, PAGEDATTN_DECODE_MODE); else
-    one pass when every sequence fits one partition; else balanced; ``count`` (forced) and the
-    Gluon kernel (no balanced form) take the count rule: one pass when the (head, sequence)
-    programs alone make dispatch.core.FILL waves, else split. Every launch shape gives
+    one pass when every sequence fits one partition; else balanced; ``count`` (forced) and
+    ``gluon`` (a Gluon form with no balanced launch) take the count rule: one pass when the
+    (head, sequence) programs alone make dispatch.core.FILL waves, else split. Every launch shape gives
     bitwise-equal outputs."""
     forced = FORCE_MODE or os.environ.get("PAGEDATTN_DECODE_MODE") or None
     if forced not in (None,) + MODES:
@@ -289,14 +289,15 @@ def run(call):
                   RETURN_LSE=call.return_lse)
     # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
     gk, g_tile = _gluon(call, ks, vs, rows, part, dev)
-    mode = _mode(nb, hkv, dev, n_part_max, gk is not None)
+    mode = _mode(nb, hkv, dev, n_part_max, gk is not None and not gk.balanced(rows, g_tile[0]))
     # partition states go through the workspace
     parked = mode in ("split", "balance") and n_part_max > 1
     if mode == "balance":
         sub = 1  # the column split serves the forced launch shapes only
     one = False
     if gk is not None:
-        smem, (warps, regs) = gk.smem_bytes(d, *g_tile, rows=rows), gk.occupancy(rows, g_tile[0])
+        smem = gk.smem_bytes(d, *g_tile, rows=rows, bal=mode == "balance")
+        warps, regs = gk.occupancy(rows, g_tile[0])
         one = gk.one_partition(rows, g_tile[0])
     else:
         smem = (num_stages * block_n * block_d * 2 * call.k_cache.element_size()
@@ -305,6 +306,8 @@ def run(call):
     ppp, fill_n, slots, fine = 1, 1, 1, 1
     if mode == "balance":
         fill_n, slots, fine = _balance(smem, warps, dev)
+        if one:  # the swap form: even batches too take the ragged grain (one partition per
+            slots, fine = slots * fine, 1  # split program was its best, session 15)
         grid = (hkv, nb + _balance_extra(n_part_max, nb, hkv, slots * fine), 1)
         if grid[1] > 65535:  # CUDA's limit on axis 1: the count rule
             mode = _mode(nb, hkv, dev, n_part_max, True)
@@ -320,7 +323,7 @@ def run(call):
     pdl = parked and not fold and _pdl(dev)
     if gk is not None:
         gk.launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max,
-                  ppp, mode == "one_pass", pdl, *g_tile, rec=rec)
+                  ppp, mode == "one_pass", pdl, *g_tile, bal, rec=rec)
     else:
         _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max,
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
