@@ -218,8 +218,8 @@ def _mode(num_seqs, num_kv_heads, device, n_part_max, gluon=False):
     """The launch shape: one_pass or split when forced (FORCE_MODE, PAGEDATTN_DECODE_MODE); else
     one pass when every sequence fits one partition; else balanced; ``count`` (forced) and
     ``gluon`` (a Gluon form with no balanced launch) take the count rule: one pass when the
-    (head, sequence) programs alone make dispatch.core.FILL waves, else split. Every launch shape gives
-    bitwise-equal outputs."""
+    (head, sequence) programs alone make dispatch.core.FILL waves, else split. Every launch
+    shape gives bitwise-equal outputs."""
     forced = FORCE_MODE or os.environ.get("PAGEDATTN_DECODE_MODE") or None
     if forced not in (None,) + MODES:
         raise ValueError(f"PAGEDATTN_DECODE_MODE: expected one of {', '.join(MODES)}, got "

@@ -26,8 +26,8 @@ for bl in "8 8192" "64 4096" "256 2048"; do
     --heads 32/8,32/32 --backends triton,triton_tl 2>&1 | grep -v "Warn\|warn" \
     | tee $O/even_${1}_${2}_w131072.md
 done
-timeout 35 python3 scripts/ragged_decode.py --mix one_long --long 32768 --backends triton,triton_tl \
-  2>&1 | grep -v "Warn\|warn" | tee $O/ragged_one_long.md
+timeout 35 python3 scripts/ragged_decode.py --mix one_long --long 32768 \
+  --backends triton,triton_tl 2>&1 | grep -v "Warn\|warn" | tee $O/ragged_one_long.md
 export PAGEDATTN_VALIDATE=1
 timeout -s KILL 150 python3 -m pytest -v -p no:cacheprovider -rf --tb=short -n 8 -m gpu \
   tests/test_triton_decode.py tests/test_triton_decode_cs.py tests/test_plan.py 2>&1 \
