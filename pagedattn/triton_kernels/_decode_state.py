@@ -117,8 +117,9 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     """The balanced launch's plan from every sequence's length (``decode._balance``; lens0: the
     first NB_BLOCK lengths (:func:`batch_lens` of j0), loaded by the caller beside its own so
     that both take one round trip; the rest are read here): (ppp, fill). A sequence of n
-    partitions runs whole in one program (it folds its partitions in registers and writes out, as one pass does) when
-    n <= ppp or fill; else in shares of ppp partitions, parked for the combine.
+    partitions runs whole in one program (it folds its partitions in registers and writes out,
+    as one pass does) when n <= ppp or fill; else in shares of ppp partitions, parked for the
+    combine.
 
     T = HKV x the batch's partitions. An even batch (longest <= 5/4 of the mean) takes the count
     rule with the true lengths: fill (one pass) when B x HKV >= FILL_N, else shares of
