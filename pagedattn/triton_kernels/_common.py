@@ -6,6 +6,7 @@ Stable names (other kernels import them; change only together with their users):
 * :func:`tanh_exp2`, :func:`soft_cap` -- logit soft-cap through ``exp2`` (no ``tl.tanh`` needed).
 * :func:`alibi_bias`     -- ALiBi ``slope * (j - p)``.
 * :func:`visible`        -- key visibility: in range, shifted causal, sliding window.
+* :func:`first_tile`     -- where a decode query's visible keys start, rounded to a tile.
 * :func:`online_softmax_step` -- one tile of the online softmax (log2 domain, NaN-free).
 * :func:`finalize_state` -- (m, l, acc) -> normalised output and log2-LSE, with optional sinks.
 
@@ -76,6 +77,16 @@ def visible(j, p, hi, window, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
     if HAS_WINDOW:
         ok = ok & (j > p - window)
     return ok
+
+
+@triton.jit
+def first_tile(seq_len, LQ, window, HAS_WINDOW: tl.constexpr, STEP: tl.constexpr):
+    """The first key of the first STEP-key tile holding a key some of the LQ last positions of
+    a sequence of seq_len keys can see (0 without a window)."""
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(seq_len - LQ + 1 - window, 0)
+    return lo // STEP * STEP
 
 
 @triton.jit

@@ -6,7 +6,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared
 
-from pagedattn.triton_kernels._decode_state import batch_lens, extra_share, plan
+from pagedattn.triton_kernels._decode_state import balanced_share, batch_lens
 from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
 
 BLOCK_M = 64  # one warpgroup's wgmma rows
@@ -110,14 +110,9 @@ def _ring_plan(q_smem, q_ptr, k_ring, v_ring, kc_h, vc_h, bt_ptr, lens_ptr, lens
                                  bt_ptr + s * stride_bt, 0, seq_len, LQ, h, stride_qt,
                                  stride_qh, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r,
                                  dcol, G, M, PAGE, BLOCK_N, LEAD, LD)
-    ppp, fill = plan(lens0, j0, lens_ptr, NB, gl.num_programs(0), FILL_N, SLOTS, FINE, PART,
-                     NB_BLOCK)
-    a = y * 0
-    none = y < 0
-    if y >= NB:
-        s2, a, seq_len = extra_share(lens0, j0, lens_ptr, NB, y - NB, ppp, fill, PART, NB_BLOCK)
-        none = s2 < 0
-        s = gl.maximum(s2, 0).to(gl.int64)
+    ppp, fill, s, a, seq_len, none = balanced_share(y, s, seq_len, lens0, j0, lens_ptr, NB,
+                                                    gl.num_programs(0), FILL_N, SLOTS, FINE,
+                                                    PART, NB_BLOCK)
     n_parts = gl.maximum((seq_len + PART - 1) // PART, 1)
     whole = (n_parts <= ppp) | fill  # (extra shares are never whole)
     pp = gl.where(whole, n_parts, ppp)

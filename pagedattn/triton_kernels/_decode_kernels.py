@@ -5,12 +5,12 @@ invariance); the tile configs: ``_decode_configs.py``."""
 import triton
 import triton.language as tl
 
-from pagedattn.triton_kernels._common import (alibi_bias, finalize_state, kv_offset,
+from pagedattn.triton_kernels._common import (alibi_bias, finalize_state, first_tile, kv_offset,
                                               online_softmax_step, soft_cap, visible)
 from pagedattn.triton_kernels._decode_cs import attend_cs, cs_block_ids
-from pagedattn.triton_kernels._decode_state import (batch_lens, extra_share, fold_last,
+from pagedattn.triton_kernels._decode_state import (balanced_share, batch_lens, fold_last,
                                                     merge as _merge, park as _park,
-                                                    park_neutral, plan)
+                                                    park_neutral)
 
 try:  # grid dependency control (programmatic dependent launch), NVIDIA sm_90+
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -38,15 +38,6 @@ def _stamp(tl_ptr, slot: tl.constexpr, x):
         sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [x], dtype=tl.int32,
                                        is_pure=False, pack=1)
         tl.store(row + 4, sm.to(tl.int64))
-
-
-@triton.jit
-def _first_tile(seq_len, LQ, window, HAS_WINDOW: tl.constexpr, STEP: tl.constexpr):
-    """The first key of the first tile holding a key some row can see (0 without a window)."""
-    lo = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(seq_len - LQ + 1 - window, 0)
-    return lo // STEP * STEP
 
 
 @triton.jit
@@ -264,17 +255,12 @@ def _decode_kernel(
     if BAL:
         # a first share starts at the first visible tile: its ids load before the plan arrives
         blk_pre = _tile_block_ids(block_table_ptr + s * stride_bt,
-                                  _first_tile(seq_len, LQ, window, HAS_WINDOW, STEP), BT_W * BS,
+                                  first_tile(seq_len, LQ, window, HAS_WINDOW, STEP), BT_W * BS,
                                   tl.arange(0, BLOCK_N), BS, ONE_BLOCK)
-        ppp, fill = plan(lens0, j0, seq_lens_ptr, NB, tl.num_programs(0), FILL_N, SLOTS, FINE,
-                         PART, NB_BLOCK)
-        a = y * 0
-        if y >= NB:  # an extra share: (sequence, share, length) from the plan
-            s2, a, seq_len = extra_share(lens0, j0, seq_lens_ptr, NB, y - NB, ppp, fill, PART,
-                                         NB_BLOCK)
-            a = tl.where(s2 < 0, 1, a)  # none (the grid's bound exceeds the batch's shares):
-            seq_len = tl.where(s2 < 0, 0, seq_len)  # one partition, share 1: nothing to do
-            s = tl.maximum(s2, 0).to(tl.int64)
+        ppp, fill, s, a, seq_len, _ = balanced_share(y, s, seq_len, lens0, j0, seq_lens_ptr, NB,
+                                                     tl.num_programs(0), FILL_N, SLOTS, FINE,
+                                                     PART, NB_BLOCK)
+        if y >= NB:  # an extra share: its sequence's q
             q = tl.load(q_ptr + s * stride_qb + q_off, mask=q_ok, other=0.0)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
     whole = n_parts > 0  # balanced launch: this program owns the whole sequence
@@ -297,7 +283,7 @@ def _decode_kernel(
         sink = tl.load(sinks_ptr + qh, mask=row_ok, other=0.0)
     bt_row_ptr = block_table_ptr + s * stride_bt
     ws_row0 = ((s * tl.num_programs(0) + h) * P) * R  # int64: (s, h, partition 0, row 0)
-    first = _first_tile(seq_len, LQ, window, HAS_WINDOW, STEP)  # the first with a visible key
+    first = first_tile(seq_len, LQ, window, HAS_WINDOW, STEP)  # the first with a visible key
     if ONE_PASS:
         p = 0
         t_lo = first

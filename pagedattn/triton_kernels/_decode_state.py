@@ -143,6 +143,25 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
 
 
 @triton.jit
+def balanced_share(y, s, seq_len, lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART,
+                   NB_BLOCK: tl.constexpr):
+    """Grid row y of the balanced launch (grid (HKV, NB + extra shares, 1)): (ppp, fill,
+    sequence, share, length, none). y < NB: sequence y (s, seq_len: its own, loaded), share 0;
+    else the batch's extra share y - NB (:func:`extra_share`); none: past the batch's last
+    share (length 0 and share 1 then: nothing to do)."""
+    ppp, fill = plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK)
+    a = y * 0
+    none = y < 0
+    if y >= NB:
+        s2, a, seq_len = extra_share(lens0, j0, lens_ptr, NB, y - NB, ppp, fill, PART, NB_BLOCK)
+        none = s2 < 0
+        a = tl.where(none, 1, a)
+        seq_len = tl.where(none, 0, seq_len)
+        s = tl.maximum(s2, 0).to(tl.int64)
+    return ppp, fill, s, a, seq_len, none
+
+
+@triton.jit
 def _extras(n, j, NB, ppp, fill, PART):
     """Shares past the first of each length n (0 for a whole sequence and past NB)."""
     c = _parts(n, j, NB, PART)
