@@ -24,9 +24,10 @@ Two launch shapes evaluate exactly this arithmetic:
   or in shares of ppp partitions (the split loop, parked for the combine); ppp follows the
   batch's total work, so a long sequence among short ones is cut across many programs.
   Program y < B runs sequence y's first share; the others take the batch's later shares in
-  order (``extra_share``), so the grid does not grow with the table's width. The
-  count rule (one pass when B * Hkv >= dispatch.core.FILL * SMs, else split with partitions
-  per program from the table's width) serves the Gluon kernel and ``PAGEDATTN_DECODE_MODE=count``.
+  order (``extra_share``), so the grid does not grow with the table's width. The Gluon
+  forms run the same plan. The count rule (one pass when B * Hkv >= dispatch.core.FILL * SMs,
+  else split with partitions per program from the table's width) serves the Gluon ``ws`` form
+  and ``PAGEDATTN_DECODE_MODE=count``.
 
 NOTE batch invariance: split points depend only on the sequence and the partition size (never
 on the batch); every launch shape runs the same tile code on the same tiles and the same merge
@@ -40,7 +41,8 @@ are in ``_decode_configs.py``, the ``@triton.jit`` kernels in ``_decode_kernels.
 decode kernel), ``_decode_cs.py`` (column split), ``_decode_state.py`` (merge, park, the
 in-kernel fold) and ``_decode_combine.py``. On sm_90 under triton 3.6 a Gluon kernel
 (``_decode_gluon.py``, :func:`variant`) serves MHA calls and calls on pages of >= 64 tokens: the
-same grid, workspace and merge, so it shares the combine and the batch-invariance argument.
+same grids, plan, workspace and merge, so it shares the combine and the batch-invariance
+argument.
 """
 import os
 
