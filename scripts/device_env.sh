@@ -13,3 +13,6 @@ export PYTHONUNBUFFERED=1 PAGEDATTN_VALIDATE=1
 export PAGEDATTN_COMMIT=${PAGEDATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 pack() { tar czf "$TOP/results.tgz" -C "$PACK_DIR" . 2>/dev/null; }
 trap pack EXIT
+# pytest -n N on the device: N torch processes each spinning 16 OpenMP threads starved the CPU
+# oracles (session 20: tests that pass in 3 s alone never finished in 320 s)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}

@@ -68,6 +68,12 @@ BALANCE = None
 # within these bounds (one load up to 512 sequences; 256 at the least: one variant up to it;
 # offline sm_90, 1024 took the BAL combine from 120 to 167 registers)
 NB_BLOCK = (256, 512)
+# the Gluon swap form's balanced shares: cdiv(T, SWAP_GRAIN x FINE x one wave) partitions on every
+# batch (one partition per split program was its best under the count rule, session 15). H200,
+# session 20 (bench/results/2026-12-02-h200-s20/ab_swap_fine_8bef2a2.md), 32/32 block 16, the
+# grain 16 x one wave against 4: 1.033x at (8, 8192), 1.007x at (1, 32768), 0.997x and 0.991x
+# at (64, 4096) and (256, 2048) (a larger grid of extra programs, empty on even batches)
+SWAP_GRAIN = 4
 # tests: a float every new workspace is filled with (a partition never parked then shows in the
 # output), else None
 WS_FILL = None
@@ -308,8 +314,8 @@ def run(call):
     ppp, fill_n, slots, fine = 1, 1, 1, 1
     if mode == "balance":
         fill_n, slots, fine = _balance(smem, warps, dev)
-        if one:  # the swap form: even batches too take the ragged grain (one partition per
-            slots, fine = slots * fine, 1  # split program was its best, session 15)
+        if one:  # the swap form: every batch takes a finer grain (SWAP_GRAIN, FINE)
+            slots, fine = slots * fine * SWAP_GRAIN, 1
         grid = (hkv, nb + _balance_extra(n_part_max, nb, hkv, slots * fine), 1)
         if grid[1] > 65535:  # CUDA's limit on axis 1: the count rule
             mode = _mode(nb, hkv, dev, n_part_max, True)
