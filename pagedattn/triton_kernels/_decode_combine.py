@@ -5,7 +5,7 @@ import triton.language as tl
 
 from pagedattn.triton_kernels._common import finalize_state
 from pagedattn.triton_kernels._decode_kernels import _store_rows, gdc_wait
-from pagedattn.triton_kernels._decode_state import batch_lens, plan
+from pagedattn.triton_kernels._decode_state import batch_lens, plan, runs_whole
 
 
 @triton.jit
@@ -56,7 +56,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     if BAL:  # reads inputs only: before the wait
         ppp, fill = plan(lens0, j0, seq_lens_ptr, NB, tl.num_programs(0), FILL_N, SLOTS, FINE,
                          PART, NB_BLOCK)
-        n_parts = tl.where((n_parts <= ppp) | fill, 1, n_parts)
+        n_parts = tl.where(runs_whole(n_parts, ppp, fill), 1, n_parts)
     if PDL:
         if BAL:
             # a program with nothing to merge reads no workspace and exits at once (a one-pass

@@ -110,13 +110,10 @@ def _ring_plan(q_smem, q_ptr, k_ring, v_ring, kc_h, vc_h, bt_ptr, lens_ptr, lens
                                  bt_ptr + s * stride_bt, 0, seq_len, LQ, h, stride_qt,
                                  stride_qh, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r,
                                  dcol, G, M, PAGE, BLOCK_N, LEAD, LD)
-    ppp, fill, s, a, seq_len, none = balanced_share(y, s, seq_len, lens0, j0, lens_ptr, NB,
+    s, seq_len, whole, p, pp, none = balanced_share(y, s, seq_len, lens0, j0, lens_ptr, NB,
                                                     gl.num_programs(0), FILL_N, SLOTS, FINE,
                                                     PART, NB_BLOCK)
     n_parts = gl.maximum((seq_len + PART - 1) // PART, 1)
-    whole = (n_parts <= ppp) | fill  # (extra shares are never whole)
-    pp = gl.where(whole, n_parts, ppp)
-    p = a * pp
     t_lo = p * PART
     t_hi = gl.minimum((p + pp) * PART, seq_len)
     late = y >= NB

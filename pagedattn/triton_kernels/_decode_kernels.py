@@ -257,13 +257,12 @@ def _decode_kernel(
         blk_pre = _tile_block_ids(block_table_ptr + s * stride_bt,
                                   first_tile(seq_len, LQ, window, HAS_WINDOW, STEP), BT_W * BS,
                                   tl.arange(0, BLOCK_N), BS, ONE_BLOCK)
-        ppp, fill, s, a, seq_len, _ = balanced_share(y, s, seq_len, lens0, j0, seq_lens_ptr, NB,
+        s, seq_len, whole, p, pp, _ = balanced_share(y, s, seq_len, lens0, j0, seq_lens_ptr, NB,
                                                      tl.num_programs(0), FILL_N, SLOTS, FINE,
                                                      PART, NB_BLOCK)
         if y >= NB:  # an extra share: its sequence's q
             q = tl.load(q_ptr + s * stride_qb + q_off, mask=q_ok, other=0.0)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
-    whole = n_parts > 0  # balanced launch: this program owns the whole sequence
     pos = seq_len - LQ + qi  # [BLOCK_M] absolute position of each row's query
     qk_scale = scale  # k_scale folds in here; log2(e) too unless the soft-cap needs natural logits
     v_scale = 1.0
@@ -298,10 +297,7 @@ def _decode_kernel(
                              rows, row_ok, d, d_mask, R, D, BLOCK_M, BLOCK_D)
     elif BAL:
         tl.static_assert(SUB == 1, "the balanced launch runs the plain tile loop")
-        whole = (n_parts <= ppp) | fill  # (extra shares are never whole)
-        pp = tl.where(whole, n_parts, ppp)
-        p = a * pp
-        t_lo = tl.maximum(p * PART, first)
+        t_lo = tl.maximum(p * PART, first)  # (p, pp, whole: balanced_share)
         t_hi = tl.minimum((p + pp) * PART, seq_len)
         if HAS_WINDOW:  # a share's partitions wholly before the window: neutral states
             if not whole:

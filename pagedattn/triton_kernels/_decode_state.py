@@ -143,12 +143,20 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
 
 
 @triton.jit
+def runs_whole(c, ppp, fill):
+    """Whether a sequence of c partitions runs whole in one program under the plan (ppp, fill):
+    it folds its partitions in registers and writes out, and the combine skips it."""
+    return (c <= ppp) | fill
+
+
+@triton.jit
 def balanced_share(y, s, seq_len, lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART,
                    NB_BLOCK: tl.constexpr):
-    """Grid row y of the balanced launch (grid (HKV, NB + extra shares, 1)): (ppp, fill,
-    sequence, share, length, none). y < NB: sequence y (s, seq_len: its own, loaded), share 0;
-    else the batch's extra share y - NB (:func:`extra_share`); none: past the batch's last
-    share (length 0 and share 1 then: nothing to do)."""
+    """Grid row y of the balanced launch (grid (HKV, NB + extra shares, 1)): (sequence, length,
+    whole, first partition p, partitions pp, none); the program owns partitions [p, p + pp).
+    y < NB: sequence y (s, seq_len: its own, loaded), share 0; else the batch's extra share
+    y - NB (:func:`extra_share`, never whole); none: past the batch's last share (length 0 and
+    p = 1 then: nothing to do)."""
     ppp, fill = plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK)
     a = y * 0
     none = y < 0
@@ -158,14 +166,17 @@ def balanced_share(y, s, seq_len, lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, F
         a = tl.where(none, 1, a)
         seq_len = tl.where(none, 0, seq_len)
         s = tl.maximum(s2, 0).to(tl.int64)
-    return ppp, fill, s, a, seq_len, none
+    c = tl.maximum((seq_len + PART - 1) // PART, 1)
+    whole = runs_whole(c, ppp, fill)
+    pp = tl.where(whole, c, ppp)
+    return s, seq_len, whole, a * pp, pp, none
 
 
 @triton.jit
 def _extras(n, j, NB, ppp, fill, PART):
     """Shares past the first of each length n (0 for a whole sequence and past NB)."""
     c = _parts(n, j, NB, PART)
-    return tl.where((c <= ppp) | fill, 0, (c + ppp - 1) // ppp - 1)
+    return tl.where(runs_whole(c, ppp, fill), 0, (c + ppp - 1) // ppp - 1)
 
 
 @triton.jit

@@ -222,12 +222,12 @@ def _gluon(call, ks, vs, rows, part, device):
 MODES = ("one_pass", "split", "balance", "count")
 
 
-def _mode(num_seqs, num_kv_heads, device, n_part_max, gluon=False):
+def _mode(num_seqs, num_kv_heads, device, n_part_max, count=False):
     """The launch shape: one_pass or split when forced (FORCE_MODE, PAGEDATTN_DECODE_MODE); else
-    one pass when every sequence fits one partition; else balanced; ``count`` (forced) and
-    ``gluon`` (a Gluon form with no balanced launch) take the count rule: one pass when the
-    (head, sequence) programs alone make dispatch.core.FILL waves, else split. Every launch
-    shape gives bitwise-equal outputs."""
+    one pass when every sequence fits one partition; else balanced; ``count`` (forced, or the
+    argument: a Gluon form with no balanced launch, a grid past CUDA's limit) takes the count
+    rule: one pass when the (head, sequence) programs alone make dispatch.core.FILL waves, else
+    split. Every launch shape gives bitwise-equal outputs."""
     forced = FORCE_MODE or os.environ.get("PAGEDATTN_DECODE_MODE") or None
     if forced not in (None,) + MODES:
         raise ValueError(f"PAGEDATTN_DECODE_MODE: expected one of {', '.join(MODES)}, got "
@@ -236,7 +236,7 @@ def _mode(num_seqs, num_kv_heads, device, n_part_max, gluon=False):
         return forced
     if n_part_max == 1:
         return "one_pass"
-    if forced != "count" and not gluon:
+    if forced != "count" and not count:
         return "balance"
     return "one_pass" if num_seqs * num_kv_heads >= _dispatch.FILL * _num_sms(device) else "split"
 
