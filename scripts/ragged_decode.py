@@ -8,10 +8,10 @@ Mixes: ``one_long`` (batch - 1 sequences of --short keys and one of --long), ``u
 (every sequence --long). --width: the block table's width in keys (default --long); engines size
 it by the model's length, and the count rule sizes split shares by it (the slack points at a
 valid page and is masked).
-Times the launch rule (Triton: balanced, shares sized from the lengths on the device; the Gluon
-kernel and HIP: the count rule) against the count rule (Triton), each launch shape forced and
-split with one partition per program, from CUDA graphs, on a batch whose lengths are not equal:
-us per call and GB/s of the K/V actually visible. ``triton_tl``: the Triton kernel forced
+Times the launch rule (the Triton backend, its Gluon forms too: balanced, shares sized from the
+lengths on the device; HIP: the count rule) against the count rule (Triton), each launch shape
+forced and split with one partition per program, from CUDA graphs, on a batch whose lengths are
+not equal: us per call and GB/s of the K/V actually visible. ``triton_tl``: the Triton kernel forced
 (PAGEDATTN_DECODE_VARIANT=triton; the Gluon kernel serves MHA and 64-token pages).
 """
 import argparse
