@@ -66,32 +66,48 @@ def test_balance_extra_holds_every_share(lens, part, hkv, slots, fine, width):
 
 @triton.jit
 def _plan_probe(lens_ptr, out_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.constexpr):
-    """Program e: extra_share(e) as (sequence, share, length), and the plan's (ppp, fill)."""
+    """Program e: extra_share(e) as (sequence, share, length), and the plan's (ppp,
+    fill + 2 uni)."""
     e = tl.program_id(0)
     j0 = tl.arange(0, NB_BLOCK)
     lens0 = DS.batch_lens(lens_ptr, NB, j0)
-    ppp, fill = DS.plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK)
-    s, a, n = DS.extra_share(lens0, j0, lens_ptr, NB, e, ppp, fill, PART, NB_BLOCK)
+    ppp, fill, uni = DS.plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK)
+    s, a, n = DS.extra_share(lens0, j0, lens_ptr, NB, e, ppp, fill, uni, PART, NB_BLOCK)
     tl.store(out_ptr + 5 * e, s)
     tl.store(out_ptr + 5 * e + 1, a)
     tl.store(out_ptr + 5 * e + 2, n)
     tl.store(out_ptr + 5 * e + 3, ppp)
-    tl.store(out_ptr + 5 * e + 4, fill.to(tl.int32))
+    tl.store(out_ptr + 5 * e + 4, fill.to(tl.int32) + 2 * uni)
 
 
-@pytest.mark.parametrize("lens,bal,nb_block", [
+PROBES = [
     ([40, 3, 100, 0, 17, 64, 5], (4, 8, 2), 8),  # ragged: two sequences split
     ([9] * 20 + [200, 7, 130], (50, 16, 2), 8),  # three loads; the split ones in the last
     ([60, 50, 58, 64], (2, 16, 1), 4),  # even and fill: no extra share
     ([60, 50, 58, 64], (99, 16, 1), 4),  # even, not fill: shares of cdiv(T, SLOTS)
-])
-def test_extra_shares_are_listed_in_order(device, lens, bal, nb_block):
+    # the same partition count everywhere (uni), lengths not equal: extras with no scan
+    ([33, 48, 40, 47, 34, 45, 48, 39, 41, 33], (99, 30, 1), 4),  # three loads, 1 extra each
+    ([33, 48, 40, 47, 34, 45, 48, 39, 41], (99, 60, 1), 4),  # 2 extras each
+    ([33, 48, 40], (99, 2, 1), 4),  # uni, every sequence whole: no extra, not fill
+]
+
+
+# fused: the plan's multi-operand reductions (the compiled kernels' form; the interpreter's
+# default is the plain reductions, ~3x faster there)
+@pytest.mark.parametrize("case,fused", [(c, False) for c in range(len(PROBES))]
+                         + [(1, True), (4, True)], ids=lambda v: str(v))
+def test_extra_shares_are_listed_in_order(device, monkeypatch, case, fused):
     """Every (sequence, share >= 1) of the plan once, in order; -1 past the last (the kernels'
     plan against the model, on batches larger than one load of lengths)."""
+    lens, bal, nb_block = PROBES[case]
+    if fused:
+        monkeypatch.setattr(DS, "_FUSED", tl.constexpr(True))
     hkv, part = 2, 16
     shares, _, ppp, fill = _plan(lens, part, hkv, *bal)
     want = _extras(shares)
-    assert want or fill, "the case must hold extra shares"
+    n = [max(1, math.ceil(x / part)) for x in lens]
+    uni = n[0] if len(set(n)) == 1 else 0
+    assert want or fill or uni, "the case must hold extra shares"
     grid = len(want) + 3
     out = torch.full((grid, 5), -7, dtype=torch.int32, device=device)
     _plan_probe[(grid,)](torch.tensor(lens, dtype=torch.int32, device=device), out, len(lens),
@@ -100,7 +116,7 @@ def test_extra_shares_are_listed_in_order(device, lens, bal, nb_block):
     assert [tuple(r[:2]) for r in got] == want + [(-1, a) for _, a, *_ in got[len(want):]]
     assert [r[2] for r in got[:len(want)]] == [lens[i] for i, _ in want]
     assert {r[3] for r in got} == {ppp}
-    assert {r[4] for r in got} == {int(fill)}
+    assert {r[4] for r in got} == {int(fill) + 2 * uni}
 
 
 def _run(b, q, mode, **kw):

@@ -54,8 +54,8 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         lens0 = batch_lens(seq_lens_ptr, NB, j0)
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
     if BAL:  # reads inputs only: before the wait
-        ppp, fill = plan(lens0, j0, seq_lens_ptr, NB, tl.num_programs(0), FILL_N, SLOTS, FINE,
-                         PART, NB_BLOCK)
+        ppp, fill, _ = plan(lens0, j0, seq_lens_ptr, NB, tl.num_programs(0), FILL_N, SLOTS,
+                            FINE, PART, NB_BLOCK)
         n_parts = tl.where(runs_whole(n_parts, ppp, fill), 1, n_parts)
     if PDL:
         if BAL:

@@ -150,8 +150,9 @@ def smem_bytes(head_dim: int, block_n: int, ns: int, elem: int = 2, rows: int = 
         return S.smem_bytes(head_dim, block_n, ns, rows, elem, NUM_WARPS)
     if which == "ws":
         return W.smem_bytes(head_dim, block_n, ns, rows, elem)
-    # Q and the K and V rings; the plan's cross-warp reductions (int32 per warp)
-    return (BLOCK_M + 2 * ns * block_n) * head_dim * elem + (4 * NUM_WARPS if bal else 0)
+    # Q and the K and V rings; the plan's cross-warp reductions (three int32 per warp: the fused
+    # reductions of _decode_state)
+    return (BLOCK_M + 2 * ns * block_n) * head_dim * elem + (12 * NUM_WARPS if bal else 0)
 
 
 def is_sm90(device) -> bool:

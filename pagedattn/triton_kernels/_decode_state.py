@@ -1,8 +1,16 @@
 """Partition states of the Triton decode kernels: the online merge (:func:`merge`) and the
 workspace store of a split partition (:func:`park`). Shared by the plain tile loop
-(``_decode_kernels``) and the column split (``_decode_cs``)."""
+(``_decode_kernels``) and the column split (``_decode_cs``); the balanced launch's plan (shared
+by the Triton kernel, the Gluon forms and the combine)."""
+import os
+
 import triton
 import triton.language as tl
+
+# the plan's independent reductions as one multi-operand tl.reduce (one cross-warp step instead
+# of two or three); exact either way. Off under the interpreter, which runs it ~3x slower.
+_FUSED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+_BIG = tl.constexpr(2147483647)
 
 
 @triton.jit
@@ -113,13 +121,35 @@ def _parts(n, j, NB, PART):
 
 
 @triton.jit
+def _sum_max_min(a0, b0, c0, a1, b1, c1):
+    return a0 + a1, tl.maximum(b0, b1), tl.minimum(c0, c1)
+
+
+@triton.jit
+def _min_max_max(a0, b0, c0, a1, b1, c1):
+    return tl.minimum(a0, a1), tl.maximum(b0, b1), tl.maximum(c0, c1)
+
+
+@triton.jit
+def _counts(lens, j, NB, PART):
+    """(sum, max, min) of the partition counts of lengths ``lens`` (sequences j; past NB: no
+    count)."""
+    c = _parts(lens, j, NB, PART)
+    cm = tl.where(j < NB, c, _BIG)
+    if _FUSED:
+        return tl.reduce((c, c, cm), 0, _sum_max_min)
+    else:
+        return tl.sum(c, 0), tl.max(c, 0), tl.min(cm, 0)
+
+
+@triton.jit
 def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.constexpr):
     """The balanced launch's plan from every sequence's length (``decode._balance``; lens0: the
     first NB_BLOCK lengths (:func:`batch_lens` of j0), loaded by the caller beside its own so
-    that both take one round trip; the rest are read here): (ppp, fill). A sequence of n
+    that both take one round trip; the rest are read here): (ppp, fill, uni). A sequence of n
     partitions runs whole in one program (it folds its partitions in registers and writes out,
     as one pass does) when n <= ppp or fill; else in shares of ppp partitions, parked for the
-    combine.
+    combine. uni: the partition count when every sequence has the same, else 0.
 
     T = HKV x the batch's partitions. An even batch (longest <= 5/4 of the mean) takes the count
     rule with the true lengths: fill (one pass) when B x HKV >= FILL_N, else shares of
@@ -128,18 +158,18 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     over several waves, so none may hold much of a wave's work (H200, session 19: shares of
     cdiv(T, SLOTS) were 11-12 % slower than one partition per program on two ragged mixes).
     """
-    c = _parts(lens0, j0, NB, PART)
-    tot = tl.sum(c, 0)
-    longest = tl.maximum(tl.max(c, 0), 1)
+    tot, longest, shortest = _counts(lens0, j0, NB, PART)
     for i in tl.range(NB_BLOCK, NB, NB_BLOCK, num_stages=1):
-        j = i + j0
-        c = _parts(batch_lens(lens_ptr, NB, j), j, NB, PART)
-        tot += tl.sum(c, 0)
-        longest = tl.maximum(longest, tl.max(c, 0))
+        t2, l2, s2 = _counts(batch_lens(lens_ptr, NB, i + j0), i + j0, NB, PART)
+        tot += t2
+        longest = tl.maximum(longest, l2)
+        shortest = tl.minimum(shortest, s2)
+    longest = tl.maximum(longest, 1)
     even = 4 * longest * NB <= 5 * tot
     tot = tot * HKV
     ppp = tl.where(even, (tot + SLOTS - 1) // SLOTS, (tot + FINE * SLOTS - 1) // (FINE * SLOTS))
-    return tl.maximum(ppp, 1), even & (NB * HKV >= FILL_N)
+    uni = tl.where(shortest == longest, longest, 0)
+    return tl.maximum(ppp, 1), even & (NB * HKV >= FILL_N), uni
 
 
 @triton.jit
@@ -157,11 +187,12 @@ def balanced_share(y, s, seq_len, lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, F
     y < NB: sequence y (s, seq_len: its own, loaded), share 0; else the batch's extra share
     y - NB (:func:`extra_share`, never whole); none: past the batch's last share (length 0 and
     p = 1 then: nothing to do)."""
-    ppp, fill = plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK)
+    ppp, fill, uni = plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK)
     a = y * 0
     none = y < 0
     if y >= NB:
-        s2, a, seq_len = extra_share(lens0, j0, lens_ptr, NB, y - NB, ppp, fill, PART, NB_BLOCK)
+        s2, a, seq_len = extra_share(lens0, j0, lens_ptr, NB, y - NB, ppp, fill, uni, PART,
+                                     NB_BLOCK)
         none = s2 < 0
         a = tl.where(none, 1, a)
         seq_len = tl.where(none, 0, seq_len)
@@ -186,25 +217,39 @@ def _find(x, n, j, e, before, s, a, len_s):
     Returns them and the extras up to the end of this load."""
     cum = before + tl.associative_scan(x, 0, _add)  # inclusive; nondecreasing
     past = cum <= e  # sequences whose shares all lie before e
-    jh = tl.min(tl.where(past, 2147483647, j), 0)  # the first that does not
-    hit = (s < 0) & (jh < 2147483647)
-    excl = tl.max(tl.where(past, cum, before), 0)  # extras before that sequence
+    first = tl.where(past, _BIG, j)
+    below = tl.where(past, cum, before)
+    if _FUSED:
+        jh, excl, upto = tl.reduce((first, below, cum), 0, _min_max_max)
+    else:
+        jh, excl, upto = tl.min(first, 0), tl.max(below, 0), tl.max(cum, 0)
+    # jh: the first sequence not past; excl: the extras before it
+    hit = (s < 0) & (jh < _BIG)
     s = tl.where(hit, jh, s)
     a = tl.where(hit, e - excl + 1, a)
     len_s = tl.where(hit, tl.sum(tl.where(j == jh, n, 0), 0), len_s)
-    return s, a, len_s, tl.max(cum, 0)
+    return s, a, len_s, upto
 
 
 @triton.jit
-def extra_share(lens0, j0, lens_ptr, NB, e, ppp, fill, PART, NB_BLOCK: tl.constexpr):
+def extra_share(lens0, j0, lens_ptr, NB, e, ppp, fill, uni, PART, NB_BLOCK: tl.constexpr):
     """The balanced grid's extra share e (>= 0): shares past the first of every split sequence,
     listed in sequence order (sequence i holds cdiv(n_i, ppp) - 1 of them). Returns (sequence,
-    share index >= 1, its length); sequence -1 when the batch has no share e."""
-    s, a, len_s, before = _find(_extras(lens0, j0, NB, ppp, fill, PART), lens0, j0, e, 0, -1, 0,
-                                0)
-    for i in tl.range(NB_BLOCK, NB, NB_BLOCK, num_stages=1):
-        j = i + j0
-        n = batch_lens(lens_ptr, NB, j)
-        s, a, len_s, before = _find(_extras(n, j, NB, ppp, fill, PART), n, j, e, before, s, a,
-                                    len_s)
+    share index >= 1, its length); sequence -1 when the batch has no share e. uni (the plan's:
+    every sequence has uni partitions, else 0): k extras each, so share e is sequence e // k's
+    (e % k + 1)-th, with no scan."""
+    if uni > 0:
+        k = tl.where(runs_whole(uni, ppp, fill), 0, (uni + ppp - 1) // ppp - 1)
+        kk = tl.maximum(k, 1)
+        s = tl.where(e < NB * k, e // kk, -1)
+        a = e % kk + 1
+        len_s = tl.load(lens_ptr + tl.maximum(s, 0)).to(tl.int32)
+    else:
+        s, a, len_s, before = _find(_extras(lens0, j0, NB, ppp, fill, PART), lens0, j0, e, 0,
+                                    -1, 0, 0)
+        for i in tl.range(NB_BLOCK, NB, NB_BLOCK, num_stages=1):
+            j = i + j0
+            n = batch_lens(lens_ptr, NB, j)
+            s, a, len_s, before = _find(_extras(n, j, NB, ppp, fill, PART), n, j, e, before, s,
+                                        a, len_s)
     return s, a, len_s
