@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Session 21 call 2 (~6 min): (1) the results table (bench_decode, FlashInfer from the carried
-# wheels and prebuilt kernels). (2) The fp8 (e4m3) cache: balanced against the count rule on the
-# 32/8 block-16 rows (the balanced fp8 kernel's speed was never measured).
+# Session 21 call 2 (~5 min): BAL_ONE, a one-partition share of the balanced Triton kernel runs
+# the plain split loop (parked after it), as the count rule's split does, not the parking loop.
+# (1) The GPU tests of the balanced launch and the replay. (2) A/B on the 32/8 rows: default
+# (BAL_ONE on), BAL_ONE off (the parking loop, as in call 1), the count rule.
 set -u
 TOP=${1:?out}; O=$TOP/r; mkdir -p $O
 cd "$(dirname "$0")/../../.."
 PACK_DIR=$O
 . scripts/device_env.sh
+timeout -s KILL 150 python3 -m pytest -v -p no:cacheprovider -rf --tb=short -n 8 -m gpu \
+  tests/test_triton_decode_balance.py tests/test_launch_replay.py \
+  "tests/test_triton_decode.py::test_gpu_split_equals_one_pass_bitwise" 2>&1 \
+  | grep -v "PytestBenchmarkWarning\|warner(" > $O/gpu-tests-bal.log
+grep -c PASSED $O/gpu-tests-bal.log; grep -E "^FAILED|^E  |passed|failed" $O/gpu-tests-bal.log \
+  | head -30
 export PAGEDATTN_VALIDATE=0
-timeout 330 python3 -m bench.bench_decode --out $O 2>&1 | tee $O/bench_decode.log | tail -2
-timeout 100 python3 scripts/hip_decode_ab.py --label ${PAGEDATTN_COMMIT:-} --quick --kv e4m3 \
-  --csv $O/ab_count_e4m3.csv triton triton_count=PAGEDATTN_DECODE_MODE=count 2>&1 \
-  | grep -v "Warn\|warn" | tee $O/ab_count_e4m3.md
+timeout 200 python3 scripts/hip_decode_ab.py --label ${PAGEDATTN_COMMIT:-} --heads 32/8 \
+  --blocks 16,64 --csv $O/ab_bal_one.csv triton triton_park=PAGEDATTN_DECODE_BAL_ONE=0 \
+  triton_count=PAGEDATTN_DECODE_MODE=count 2>&1 | grep -v "Warn\|warn" | tee $O/ab_bal_one.md
