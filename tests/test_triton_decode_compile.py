@@ -75,7 +75,7 @@ for kv, one_pass, multi, fold, stamps, bal in (
         BLOCK_N=tile, PART=512, ONE_BLOCK=bs % tile == 0, ONE_PASS=one_pass, MULTI=multi,
         SUB=1, LAZY_L=D._lazy_rowsum(16, tile), FOLD=fold, FOLD_R=fold_r if fold else 1,
         FOLD_UNROLL=fold_u if fold else 1, PDL=not (one_pass or fold), CAUSAL=False,
-        TIMELINE=stamps, BAL=bal, BAL_ONE=True, NB_BLOCK=256,
+        TIMELINE=stamps, BAL=bal, NB_BLOCK=256,
         HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False,
         IEEE=False, F16_DOT=fp8, HAS_KV_SCALE=fp8), ("scale", "cap"),
         num_warps=fp8_warps if fp8 else warps, num_stages=fp8_stages if fp8 else stages)

@@ -223,13 +223,12 @@ def _decode_kernel(
         HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
         F16_DOT: tl.constexpr, FOLD: tl.constexpr, FOLD_R: tl.constexpr,
         FOLD_UNROLL: tl.constexpr, TIMELINE: tl.constexpr, BAL: tl.constexpr,
-        BAL_ONE: tl.constexpr, NB_BLOCK: tl.constexpr):
+        NB_BLOCK: tl.constexpr):
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
     # balanced (BAL): (Hkv, B + decode._balance_extra, 1): program y < B runs sequence y's first
     # share, program B + e the batch's extra share e (_decode_state.plan and extra_share, inputs
-    # NB, FILL_N, SLOTS, FINE); share a owns partitions [a * ppp, a * ppp + ppp); BAL_ONE: a
-    # share of one partition runs the plain split loop (the count rule's), not the parking one
+    # NB, FILL_N, SLOTS, FINE); share a owns partitions [a * ppp, a * ppp + ppp)
     if TIMELINE:
         _stamp(tl_ptr, 0, Hq)
     if PDL:  # the combine launch may start now; it waits for this grid before reading
@@ -339,14 +338,6 @@ def _decode_kernel(
                     stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
                     V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, True, False,
                     R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L)
-            elif BAL_ONE and pp == 1:  # a share of one partition: the plain loop, parked below
-                m, l, acc = _attend(
-                    q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
-                    qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
-                    stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
-                    stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
-                    V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, False, False,
-                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L)
             else:  # a share: the split loop, parking every partition (n_parts > 1 here)
                 m, l, acc = _attend(
                     q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
@@ -370,9 +361,6 @@ def _decode_kernel(
                 o, lse2 = finalize_state(m, l, acc, sink, HAS_SINK)
                 _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok, d_mask,
                             v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
-            elif BAL_ONE and pp == 1:
-                _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, d, d_mask,
-                      D)
         elif ONE_PASS or n_parts == 1:
             if not ONE_PASS:  # the state one-pass would hold: one merge into the empty state
                 m, l, acc = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32),

@@ -395,6 +395,5 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
         F16_DOT=_f16_dot(q.dtype, call.k_cache.dtype, q.device), BLOCK_M=block_m,
-        BAL_ONE=os.environ.get("PAGEDATTN_DECODE_BAL_ONE", "1") != "0",
         num_warps=num_warps, num_stages=num_stages, **_maxnreg(q.device),
         **bal, **common)
