@@ -10,5 +10,6 @@ PACK_DIR=$O
 export PAGEDATTN_VALIDATE=0
 timeout 200 python3 scripts/hip_decode_ab.py --label ${PAGEDATTN_COMMIT:-} --heads 32/32 \
   --blocks 16,64 --shapes "1,32768;8,8192" --csv $O/ab_swap_grain.csv triton \
-  fine2=PAGEDATTN_DECODE_FINE=2 fine8=PAGEDATTN_DECODE_FINE=8 fine16=PAGEDATTN_DECODE_FINE=16 \
+  triton_fine2=PAGEDATTN_DECODE_FINE=2 triton_fine8=PAGEDATTN_DECODE_FINE=8 \
+  triton_fine16=PAGEDATTN_DECODE_FINE=16 \
   2>&1 | grep -v "Warn\|warn" | tee $O/ab_swap_grain.md
