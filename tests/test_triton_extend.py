@@ -365,7 +365,8 @@ def _compile_gluon_offline(head_dim, causal, ws):
     from gluon_offline import compile_sm90, resource_usage
 
     from pagedattn.triton_kernels import _extend_gluon as G
-    k = G.extend_fwd_sm90_ws if ws else G.extend_fwd_sm90
+    from pagedattn.triton_kernels import _extend_gluon_ws as GW
+    k = GW.extend_fwd_sm90_ws if ws else G.extend_fwd_sm90
     warps = G.NUM_WARPS // 2 if ws == 2 else G.NUM_WARPS
     cst = dict(GROUP=4, GROUP_P=4, HEAD_DIM=head_dim, PAGE=16, BLOCK_M=G.BLOCK_M,
                BLOCK_N=G.BLOCK_N, CAUSAL=causal, RETURN_LSE=True, LOOP_FENCE=False,

@@ -32,16 +32,11 @@ from pagedattn.triton_kernels._common import (LN2, LOG2E, alibi_bias, finalize_s
 _LOG2E = tl.constexpr(LOG2E)  # jit code may read globals only as constexpr
 _LN2 = tl.constexpr(LN2)
 
-# ----------------------------------------------------------------------------------------------
-# helpers
-# ----------------------------------------------------------------------------------------------
 
 @triton.jit
 def _dot(a, b, IEEE: tl.constexpr):
-    if IEEE:  # fp32 inputs: full precision (TF32 would miss the 1e-5 tolerance)
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
+    # IEEE (fp32 inputs): full precision; TF32 would miss the 1e-5 tolerance
+    return tl.dot(a, b, input_precision="ieee" if IEEE else None)
 
 
 @triton.jit
@@ -144,9 +139,7 @@ def _stage(acc, m_i, l_i, q, lo, hi, n_keys, key_base, row_pos, row_ok, slope2, 
     return acc, m_i, l_i
 
 
-# ----------------------------------------------------------------------------------------------
-# kernel
-# ----------------------------------------------------------------------------------------------
+# --- kernel ------------------------------------------------------------------------------------
 
 @triton.jit
 def _extend_fwd(
@@ -308,9 +301,7 @@ def _extend_fwd(
         tl.store(lse_ptr + (q0 + row_tok) * stride_lt + head * stride_lh, lse2 * _LN2, mask=row_ok)
 
 
-# ----------------------------------------------------------------------------------------------
-# launcher
-# ----------------------------------------------------------------------------------------------
+# --- launcher ----------------------------------------------------------------------------------
 
 def unsupported(**facts) -> list:
     """Reasons this kernel cannot serve a call ([] = it can). Facts: q, k_cache, geom, ..."""
