@@ -129,7 +129,7 @@ CASES = [  # lens, heads (hq, hkv), layout, dtypes, options, (FILL_N, SLOTS, FIN
      {"sliding_window": 70, "sinks": True}, (3, 5, 1), True),
     ([150, 9, 33], (4, 4), "hcu", (torch.float16, torch.float8_e4m3fn),
      {"logit_cap": 5.0, "alibi": True}, (8, 16, 1), True),
-    # shares of one partition (the plain split loop, parked after it), some before the window
+    # shares of one partition (the parking loop, one partition each), some before the window
     ([300, 5, 40, 2, 130], (4, 2), "bhsd", (torch.float16, torch.float16),
      {"sliding_window": 100}, (4, 64, 2), True),
     # even batches (longest <= 5/4 of the mean): the count rule, one pass, then shares
