@@ -91,13 +91,14 @@ def _ring_plan(q_smem, q_ptr, k_ring, v_ring, kc_h, vc_h, bt_ptr, lens_ptr, lens
                stride_bt, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol,
                G: gl.constexpr, M: gl.constexpr, PAGE: gl.constexpr, PART: gl.constexpr,
                BLOCK_N: gl.constexpr, LEAD: gl.constexpr, LD: gl.constexpr,
-               NB_BLOCK: gl.constexpr):
+               NB_BLOCK: gl.constexpr, CAUSAL: gl.constexpr):
     """The balanced launch's start (``_decode_state.plan``, ``extra_share``; grid (Hkv, B +
     extra shares, 1)): program y < B runs sequence y's first share, program B + e the batch's
     extra share e. A first share's ring starts before the plan arrives: its first LEAD + 1
     tiles are those of the whole sequence whenever a share spans a partition of at least
     LEAD + 1 tiles. Returns (s, seq_len, n_parts, p, t_lo, t_hi, whole, none, the block ids of
-    tile LEAD); none: an extra program past the batch's last share (nothing issued)."""
+    tile LEAD, and :func:`_tiles` of the share); none: an extra program past the batch's last
+    share (nothing issued). The head's K and V bases (kc_h, ...) do not depend on the plan."""
     y = gl.program_id(1)
     EARLY: gl.constexpr = (LEAD + 1) * BLOCK_N <= PART
     if PAGE < BLOCK_N:
@@ -119,25 +120,32 @@ def _ring_plan(q_smem, q_ptr, k_ring, v_ring, kc_h, vc_h, bt_ptr, lens_ptr, lens
     late = y >= NB
     if not EARLY:
         late = y >= 0
+    n_tiles, lim, bt_row = _tiles(bt_ptr, s, seq_len, t_lo, t_hi, LQ, stride_bt, BLOCK_N, CAUSAL)
     if late & (none == 0):
-        ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h,
-                             bt_ptr + s * stride_bt, t_lo, t_hi, LQ, h, stride_qt, stride_qh,
-                             sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol, G, M, PAGE,
-                             BLOCK_N, LEAD, LD)
-    return s, seq_len, n_parts, p, t_lo, t_hi, whole, none, ids_nx
+        ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h, bt_row,
+                             t_lo, t_hi, LQ, h, stride_qt, stride_qh, sb_k, sb_v, stride_kt,
+                             stride_vt, k_tok, v_tok, r, dcol, G, M, PAGE, BLOCK_N, LEAD, LD)
+    return s, seq_len, n_parts, p, t_lo, t_hi, whole, none, ids_nx, n_tiles, lim, bt_row
+
+
+@gluon.jit
+def _tiles(bt_ptr, s, seq_len, t_lo, t_hi, LQ, stride_bt, BLOCK_N: gl.constexpr,
+           CAUSAL: gl.constexpr):
+    """(tile count, lim, the sequence's block table row) of a program's tokens [t_lo, t_hi).
+    Tiles ending past lim hold a key some row cannot see."""
+    n_tiles = gl.cdiv(t_hi - t_lo, BLOCK_N)
+    lim = t_hi
+    if CAUSAL:
+        lim = gl.minimum(t_hi, seq_len - LQ + 1)
+    return n_tiles, lim, bt_ptr + s * stride_bt
 
 
 @gluon.jit
 def _kv_base(bt_ptr, kc_ptr, vc_ptr, s, h, seq_len, t_lo, t_hi, LQ, stride_bt, stride_kb,
              stride_kh, stride_vb, stride_vh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """What every form's tile loop addresses from: (its tile count, lim, the sequence's block
-    table row, this head's K and V bases, the block strides as int64 of their uint32). Tiles
-    ending past lim hold a key some row cannot see."""
-    n_tiles = gl.cdiv(t_hi - t_lo, BLOCK_N)
-    lim = t_hi
-    if CAUSAL:
-        lim = gl.minimum(t_hi, seq_len - LQ + 1)
-    bt_row = bt_ptr + s * stride_bt
+    """What every form's tile loop addresses from: (:func:`_tiles`, this head's K and V bases,
+    the block strides as int64 of their uint32)."""
+    n_tiles, lim, bt_row = _tiles(bt_ptr, s, seq_len, t_lo, t_hi, LQ, stride_bt, BLOCK_N, CAUSAL)
     kc_h = kc_ptr + h.to(gl.int64) * stride_kh
     vc_h = vc_ptr + h.to(gl.int64) * stride_vh
     sb_k = stride_kb.to(gl.uint32).to(gl.int64)

@@ -228,18 +228,16 @@ def decode_sm90_swap(
 
     whole = p < 0  # balanced launch: this program owns its sequence (folds, writes out)
     if BAL:
-        s, seq_len, n_parts, p, t_lo, t_hi, whole, none, ids_nx = _ring_plan(
+        (s, seq_len, n_parts, p, t_lo, t_hi, whole, none, ids_nx, n_tiles, lim,
+         bt_row) = _ring_plan(
             q_smem, q_ptr, k_ring, v_ring, kc_h, vc_h, bt_ptr, lens_ptr, lens0, j0, s, seq_len,
             LQ, h, NB, FILL_N, SLOTS, FINE, stride_qb, stride_qt, stride_qh, stride_bt, sb_k,
             sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol, G, NQ, PAGE, PART, BLOCK_N,
-            NS - 1, LD, NB_BLOCK)
+            NS - 1, LD, NB_BLOCK, CAUSAL)
         if none:
             if TIMELINE:
                 _stamp(tl_ptr, 3, h)
             return
-        n_tiles, lim, bt_row, kc_h, vc_h, sb_k, sb_v = _kv_base(
-            bt_ptr, kc_ptr, vc_ptr, s, h, seq_len, t_lo, t_hi, LQ, stride_bt, stride_kb,
-            stride_kh, stride_vb, stride_vh, BLOCK_N, CAUSAL)
     else:
         ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h, bt_row,
                              t_lo, t_hi, LQ, h, stride_qt, stride_qh, sb_k, sb_v, stride_kt,
