@@ -250,13 +250,17 @@ def _decode_kernel(
     d_mask = d < D
     q_off = qi[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :]
     q_ok = row_ok[:, None] & d_mask[None, :]
-    q = tl.load(q_ptr + s * stride_qb + q_off, mask=q_ok, other=0.0)
+    q_pre = q_ok
+    if BAL:  # an extra program loads nothing before the plan gives its sequence
+        q_pre = (rows < tl.where(y < NB, R, 0))[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + s * stride_qb + q_off, mask=q_pre, other=0.0)
     STEP: tl.constexpr = BLOCK_N if BLOCK_N <= PART else PART  # keys per tile
     if BAL:
         # a first share starts at the first visible tile: its ids load before the plan arrives
         blk_pre = _tile_block_ids(block_table_ptr + s * stride_bt,
-                                  first_tile(seq_len, LQ, window, HAS_WINDOW, STEP), BT_W * BS,
-                                  tl.arange(0, BLOCK_N), BS, ONE_BLOCK)
+                                  first_tile(seq_len, LQ, window, HAS_WINDOW, STEP),
+                                  tl.where(y < NB, BT_W * BS, 0), tl.arange(0, BLOCK_N), BS,
+                                  ONE_BLOCK)
         s, seq_len, whole, p, pp, _ = balanced_share(y, s, seq_len, lens0, j0, seq_lens_ptr, NB,
                                                      tl.num_programs(0), FILL_N, SLOTS, FINE,
                                                      PART, NB_BLOCK)
