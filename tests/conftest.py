@@ -66,3 +66,11 @@ def _no_recorded_launches():
 @pytest.fixture
 def device():
     return torch.device("cuda" if HAS_GPU else "cpu")
+
+
+@pytest.fixture
+def mode_guard():
+    """Triton decode tests that force a launch shape (``decode.FORCE_MODE``) leave none behind."""
+    yield
+    from pagedattn.triton_kernels import decode
+    decode.FORCE_MODE = None

@@ -22,6 +22,7 @@ from test_triton_decode import _check, _decode
 
 PD = importlib.import_module("pagedattn.triton_kernels.decode")
 DS = importlib.import_module("pagedattn.triton_kernels._decode_state")
+DC = importlib.import_module("pagedattn.triton_kernels._decode_configs")
 
 
 @pytest.fixture
@@ -40,6 +41,9 @@ def _plan(lens, part, hkv, fill_n, slots, fine):
     even = 4 * max(n) * len(n) <= 5 * sum(n)  # the longest at most 5/4 of the mean, exactly
     tot = hkv * sum(n)
     ppp = max(1, math.ceil(tot / (slots if even else fine * slots)))
+    k = slots // (len(n) * hkv)
+    if even and len(set(n)) == 1 and k:  # uniform: k shares per sequence, one wave exactly
+        ppp = max(1, math.ceil(n[0] / k))
     fill = even and len(n) * hkv >= fill_n
     whole = [c <= ppp or fill for c in n]
     return [1 if w else math.ceil(c / ppp) for c, w in zip(n, whole)], whole, ppp, fill
@@ -86,9 +90,11 @@ PROBES = [
     ([60, 50, 58, 64], (2, 16, 1), 4),  # even and fill: no extra share
     ([60, 50, 58, 64], (99, 16, 1), 4),  # even, not fill: shares of cdiv(T, SLOTS)
     # the same partition count everywhere (uni), lengths not equal: extras with no scan
-    ([33, 48, 40, 47, 34, 45, 48, 39, 41, 33], (99, 30, 1), 4),  # three loads, 1 extra each
+    ([33, 48, 40, 47, 34, 45, 48, 39, 41, 33], (99, 40, 1), 4),  # three loads, 1 extra each
     ([33, 48, 40, 47, 34, 45, 48, 39, 41], (99, 60, 1), 4),  # 2 extras each
     ([33, 48, 40], (99, 2, 1), 4),  # uni, every sequence whole: no extra, not fill
+    # uni, one wave exactly: 2 shares of 4 (cdiv(T, SLOTS) = 3 would make 18 programs > 16)
+    ([120, 128, 115], (99, 16, 1), 4),
 ]
 
 
@@ -107,7 +113,7 @@ def test_extra_shares_are_listed_in_order(device, monkeypatch, case, fused):
     want = _extras(shares)
     n = [max(1, math.ceil(x / part)) for x in lens]
     uni = n[0] if len(set(n)) == 1 else 0
-    assert want or fill or uni, "the case must hold extra shares"
+    assert want or fill or case in (6,), "the case must hold extra shares"
     grid = len(want) + 3
     out = torch.full((grid, 5), -7, dtype=torch.int32, device=device)
     _plan_probe[(grid,)](torch.tensor(lens, dtype=torch.int32, device=device), out, len(lens),
@@ -117,6 +123,19 @@ def test_extra_shares_are_listed_in_order(device, monkeypatch, case, fused):
     assert [r[2] for r in got[:len(want)]] == [lens[i] for i, _ in want]
     assert {r[3] for r in got} == {ppp}
     assert {r[4] for r in got} == {int(fill) + 2 * uni}
+
+
+@pytest.mark.parametrize("form,slots,fills", [
+    ("tl", 528, {128: 0, 256: 0, 316: 0, 320: 1, 384: 1, 512: 1, 528: 1, 600: 1}),
+    ("rows", 264, {64: 0, 125: 0, 128: 1, 264: 1, 320: 0, 395: 0, 396: 1}),
+    ("swap", 396, {128: 0, 192: 0, 250: 0, 256: 1, 320: 0, 384: 1, 396: 1, 416: 0, 1187: 0,
+                   1188: 1})])
+def test_fill_n_follows_the_wave_rule(form, slots, fills):
+    """One pass for even batches by programs per SM and form (the H200's 132 SMs and the forms'
+    resident programs): the measured wins and losses of session 22's A/B."""
+    for programs, want in fills.items():
+        got = DC.fill_n(programs, 132, slots, form, 3)
+        assert got in (programs, programs + 1) and (got == programs) == bool(want), programs
 
 
 def _run(b, q, mode, **kw):

@@ -152,8 +152,12 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     combine. uni: the partition count when every sequence has the same, else 0.
 
     T = HKV x the batch's partitions. An even batch (longest <= 5/4 of the mean) takes the count
-    rule with the true lengths: fill (one pass) when B x HKV >= FILL_N, else shares of
-    cdiv(T, SLOTS) (SLOTS: resident programs of one wave). A ragged batch takes shares of
+    rule with the true lengths: fill (one pass) when B x HKV >= FILL_N (the host's wave rule,
+    ``decode._fill_n``), else shares of cdiv(T, SLOTS) (SLOTS: resident programs of one wave);
+    when every sequence has uni partitions and B x HKV <= SLOTS, shares of cdiv(uni, k) with
+    k = SLOTS // (B x HKV) shares per sequence, so the programs fit one wave (cdiv(T, SLOTS)
+    rounds per sequence and can spill: (24, 4096) 32/8 block 16 made 576 programs for 528 slots,
+    1.19x slower than the count rule's split; H200 session 22). A ragged batch takes shares of
     cdiv(T, FINE x SLOTS), and only sequences that fit one share run whole: its programs start
     over several waves, so none may hold much of a wave's work (H200, session 19: shares of
     cdiv(T, SLOTS) were 11-12 % slower than one partition per program on two ragged mixes).
@@ -167,8 +171,10 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     longest = tl.maximum(longest, 1)
     even = 4 * longest * NB <= 5 * tot
     tot = tot * HKV
-    ppp = tl.where(even, (tot + SLOTS - 1) // SLOTS, (tot + FINE * SLOTS - 1) // (FINE * SLOTS))
     uni = tl.where(shortest == longest, longest, 0)
+    k = SLOTS // (NB * HKV)  # uni: shares per sequence that keep one wave
+    ppp = tl.where(even, (tot + SLOTS - 1) // SLOTS, (tot + FINE * SLOTS - 1) // (FINE * SLOTS))
+    ppp = tl.where(even & (uni > 0) & (k > 0), (uni + k - 1) // tl.maximum(k, 1), ppp)
     return tl.maximum(ppp, 1), even & (NB * HKV >= FILL_N), uni
 
 

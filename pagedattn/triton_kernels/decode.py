@@ -56,12 +56,11 @@ from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels import _replay
 from pagedattn.triton_kernels._decode_configs import (MAX_ROWS, _combine_config, _config,
                                                       _f16_dot, _fold_last, _fold_tile,
-                                                      _lazy_rowsum, _maxnreg)
+                                                      _lazy_rowsum, _maxnreg, fill_n)
 from pagedattn.triton_kernels._decode_combine import _combine_kernel
 from pagedattn.triton_kernels._decode_kernels import STAMPS, _decode_kernel, gdc_wait
 
-FORCE_MODE = None  # tests/bench: "one_pass" | "split" | "balance" | None (rule); env
-# PAGEDATTN_DECODE_MODE
+FORCE_MODE = None  # tests/bench: one_pass | split | balance | None (rule); PAGEDATTN_DECODE_MODE
 # tests: (FILL_N, SLOTS, FINE) of the balanced launch (_balance), else None (the device's)
 BALANCE = None
 # sequence lengths per load of _decode_state.plan: the batch size rounded up to a power of 2
@@ -127,18 +126,19 @@ def _slots(smem, warps, device, regs=None):
     return props.multi_processor_count * max(1, per_sm)
 
 
-def _balance(smem, warps, device):
-    """(FILL_N, SLOTS, FINE) of the balanced launch (``_decode_state.plan``): FILL_N =
-    dispatch.core.FILL x SMs (the count rule's one-pass threshold), SLOTS = :func:`_slots` (one
-    wave), FINE = PAGEDATTN_DECODE_FINE (default 4: a ragged batch's shares are a quarter of a
-    slot's mean work). ``BALANCE`` overrides (tests)."""
+def _balance(smem, warps, device, programs, form):
+    """(FILL_N, SLOTS, FINE) of the balanced launch (``_decode_state.plan``) of ``programs``
+    (B x Hkv) programs of a kernel ``form`` (``fill_n``): FILL_N from the wave rule (``fill_n``),
+    SLOTS = :func:`_slots` (one wave), FINE = PAGEDATTN_DECODE_FINE (default 4: a ragged batch's
+    shares are a quarter of a slot's mean work). ``BALANCE`` overrides (tests)."""
     fine = _dispatch.count_or_auto(os.environ.get("PAGEDATTN_DECODE_FINE", "4"),
                                    "PAGEDATTN_DECODE_FINE") or 4
     if BALANCE is not None:
         return BALANCE
     if device.type != "cuda":
         return _dispatch.FILL, 4, fine  # interpreter: tests set BALANCE for the cases they need
-    return _dispatch.FILL * _num_sms(device), _slots(smem, warps, device), fine
+    slots = _slots(smem, warps, device)
+    return fill_n(programs, _num_sms(device), slots, form, _dispatch.FILL), slots, fine
 
 
 def _balance_extra(n_part_max, nb, hkv, slots):
@@ -311,9 +311,10 @@ def run(call):
         smem = (num_stages * block_n * block_d * 2 * call.k_cache.element_size()
                 + block_m * block_d * 2)
         warps, regs = num_warps, None
-    ppp, fill_n, slots, fine = 1, 1, 1, 1
+    ppp, fill_at, slots, fine = 1, 1, 1, 1
     if mode == "balance":
-        fill_n, slots, fine = _balance(smem, warps, dev)
+        fill_at, slots, fine = _balance(smem, warps, dev, nb * hkv,
+                                        "swap" if one else "tl" if gk is None else "rows")
         if one:  # the swap form: every batch takes a finer grain (SWAP_GRAIN, FINE)
             slots, fine = slots * fine * SWAP_GRAIN, 1
         grid = (hkv, nb + _balance_extra(n_part_max, nb, hkv, slots * fine), 1)
@@ -324,7 +325,7 @@ def run(call):
         ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs, one)
     if mode != "balance":
         grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
-    bal = dict(NB=nb, FILL_N=fill_n, SLOTS=slots, FINE=fine, BAL=mode == "balance",
+    bal = dict(NB=nb, FILL_N=fill_at, SLOTS=slots, FINE=fine, BAL=mode == "balance",
                NB_BLOCK=min(max(NB_BLOCK[0], next_pow2(nb)), NB_BLOCK[1]))
     # knob read first: checked; Gluon and the balanced launch: the combine
     fold = _fold_last() and mode == "split" and n_part_max > 1 and gk is None

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Session 22 call 3 (~4.5 min): the results table (bench_decode; FlashInfer from the carried
+# wheels and prebuilt kernels) at the commit of the wave rule.
+set -u
+TOP=${1:?out}; O=$TOP/r; mkdir -p $O
+cd "$(dirname "$0")/../../.."
+PACK_DIR=$O
+. scripts/device_env.sh
+export PAGEDATTN_VALIDATE=0
+timeout 340 python3 -m bench.bench_decode --out $O 2>&1 | tee $O/bench_decode.log | tail -2
