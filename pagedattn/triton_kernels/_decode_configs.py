@@ -176,25 +176,20 @@ def _fold_tile(rows, block_d, num_warps, n_part_max):
     return block_r, max(1, min(64 // per_state, next_pow2(n_part_max)))
 
 
-# One pass for even batches (the balanced plan's fill) from programs per SM, by kernel form:
-# H200 session 22 (bench/results/2026-12-02-h200-s22/ab_wave_*.md), one pass against split,
-# 128-448 programs. The tile loop ("tl", 4 per SM) loses below ~2 per SM (0.64x at 0.97,
-# 0.98x at 1.94) and wins from 2.42 (1.02x, 1.06x at 2.91); the Gluon rows form (2 per SM)
-# wins from 0.97 (1.01-1.07x); the swap form (3 per SM) wins near whole programs per SM (1.02x
-# at 1.94, 1.01-1.02x at 2.91), loses between (0.97-0.98x at 2.42) and, past one wave of
-# resident programs, badly (0.83-0.86x at 3.15-3.39 per SM: a second wave of whole sequences).
-FILL_PER_SM = {"tl": 2.4, "rows": 0.95, "swap": 1.9}
+# One pass for even batches (the balanced plan's fill): the count rule (FILL x SMs programs), but
+# the swap form not between one and three waves of resident programs. H200 session 22
+# (bench/results/2026-12-02-h200-s22/call1-2): MHA one wave plus 20-52 programs (3.15-3.39 per
+# SM) ran 1.13-1.19x faster in shares than in one pass (a second wave of whole sequences). One
+# pass below FILL x SMs won against split in the A/B (1.02-1.08x at 2.4-2.9 per SM), but the
+# balanced launch's fill lost there (0.82-0.96x at (16, 4096) 32/8 block 64, (40, 4096) block 16
+# and 32/32 (8, 8192)): its grid's extra programs, empty then, run beside the sequences.
 
 
 def fill_n(programs, sms, slots, form, fill):
     """FILL_N of the balanced plan (``_decode_state.plan``: an even batch runs in one pass when
-    B x Hkv >= FILL_N): ``programs`` (B x Hkv) when one pass is the form's better launch, else
-    programs + 1. Within one wave of ``slots`` resident programs: from FILL_PER_SM programs per
-    SM (the swap form also at >= 0.9 of whole programs per SM); past it, the count rule (``fill``
-    x SMs), the swap form from three waves."""
-    per = programs / max(sms, 1)
-    if programs <= slots:
-        ok = per >= FILL_PER_SM[form] and (form != "swap" or per >= 0.9 * -(-per // 1))
-    else:
-        ok = programs >= (3 * slots if form == "swap" else fill * sms)
+    B x Hkv >= FILL_N): ``programs`` (B x Hkv) when one pass is the form's launch, else
+    programs + 1 (never): ``fill`` x SMs programs or more, and for the swap form at most one
+    wave of ``slots`` resident programs or at least three."""
+    ok = programs >= fill * sms and (form != "swap" or programs <= slots
+                                     or programs >= 3 * slots)
     return programs if ok else programs + 1
