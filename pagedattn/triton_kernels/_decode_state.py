@@ -153,7 +153,8 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
 
     T = HKV x the batch's partitions. An even batch (longest <= 5/4 of the mean) takes the count
     rule with the true lengths: fill (one pass) when B x HKV >= FILL_N (the host's rule,
-    ``_decode_configs.fill_n``), else shares of cdiv(T, SLOTS) (SLOTS: resident programs of one wave);
+    ``_decode_configs.fill_n``), else shares of cdiv(T, SLOTS) (SLOTS: resident programs of one
+    wave);
     when every sequence has uni partitions and B x HKV <= SLOTS, shares of cdiv(uni, k) with
     k = SLOTS // (B x HKV) shares per sequence, so the programs fit one wave (cdiv(T, SLOTS)
     rounds per sequence and can spill: (24, 4096) 32/8 block 16 made 576 programs for 528 slots,
