@@ -45,6 +45,13 @@ def _plan(lens, part, hkv, fill_n, slots, fine):
     if even and len(set(n)) == 1 and k:  # uniform: k shares per sequence, one wave exactly
         ppp = max(1, math.ceil(n[0] / k))
     fill = even and len(n) * hkv >= fill_n
+    grain = max(1, math.ceil(tot / (fine * slots)))
+    programs = len(n) * hkv
+    if len(set(n)) == 1 and programs > slots:  # past one wave: the grain if one pass is thin
+        one_pass = math.ceil(programs / slots) * n[0]
+        shared = math.ceil(programs * math.ceil(n[0] / grain) / slots) * grain
+        if 4 * one_pass >= 5 * shared:
+            ppp, fill = grain, False
     whole = [c <= ppp or fill for c in n]
     return [1 if w else math.ceil(c / ppp) for c, w in zip(n, whole)], whole, ppp, fill
 
@@ -95,6 +102,9 @@ PROBES = [
     ([33, 48, 40], (99, 2, 1), 4),  # uni, every sequence whole: no extra, not fill
     # uni, one wave exactly: 2 shares of 4 (cdiv(T, SLOTS) = 3 would make 18 programs > 16)
     ([120, 128, 115], (99, 16, 1), 4),
+    # uni past one wave (20 programs, 16 slots), fill allowed: one pass would take 2 waves x 8
+    # partitions, shares of the grain 3 take 4 x 3: shares
+    ([120, 128, 115, 113, 127, 126, 119, 114, 121, 125], (2, 16, 4), 4),
 ]
 
 
@@ -154,6 +164,9 @@ CASES = [  # lens, heads (hq, hkv), layout, dtypes, options, (FILL_N, SLOTS, FIN
     ([100, 90, 96, 81], (4, 2), "bhsd", (torch.float16, torch.float16), {}, (8, 2, 4), False),
     ([100, 90, 96, 81], (4, 2), "bshd", (torch.float32, torch.float32),
      {"sliding_window": 40}, (9, 10, 4), True),
+    # uniform past one wave (10 programs, 8 slots): shares of the grain instead of one pass
+    ([120, 113, 128, 125, 116], (4, 2), "bhsd", (torch.float16, torch.float16), {}, (2, 8, 4),
+     True),
 ]
 
 

@@ -158,7 +158,11 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     when every sequence has uni partitions and B x HKV <= SLOTS, shares of cdiv(uni, k) with
     k = SLOTS // (B x HKV) shares per sequence, so the programs fit one wave (cdiv(T, SLOTS)
     rounds per sequence and can spill: (24, 4096) 32/8 block 16 made 576 programs for 528 slots,
-    1.19x slower than the count rule's split; H200 session 22). A ragged batch takes shares of
+    1.19x slower than the count rule's split; H200 session 22). Past one wave (B x HKV > SLOTS),
+    a uniform batch takes the ragged grain instead of one pass when one pass's makespan (waves
+    x partitions) is at least 5/4 of the grain's: whole sequences would leave a thin last wave
+    (H200 session 22, (72, 4096) 32/8 block 16: one pass 1.26-1.30x slower than split). A ragged
+    batch takes shares of
     cdiv(T, FINE x SLOTS), and only sequences that fit one share run whole: its programs start
     over several waves, so none may hold much of a wave's work (H200, session 19: shares of
     cdiv(T, SLOTS) were 11-12 % slower than one partition per program on two ragged mixes).
@@ -173,10 +177,18 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     even = 4 * longest * NB <= 5 * tot
     tot = tot * HKV
     uni = tl.where(shortest == longest, longest, 0)
-    k = SLOTS // (NB * HKV)  # uni: shares per sequence that keep one wave
-    ppp = tl.where(even, (tot + SLOTS - 1) // SLOTS, (tot + FINE * SLOTS - 1) // (FINE * SLOTS))
+    n = NB * HKV
+    k = SLOTS // n  # uni: shares per sequence that keep one wave
+    fine = (tot + FINE * SLOTS - 1) // (FINE * SLOTS)
+    ppp = tl.where(even, (tot + SLOTS - 1) // SLOTS, fine)
     ppp = tl.where(even & (uni > 0) & (k > 0), (uni + k - 1) // tl.maximum(k, 1), ppp)
-    return tl.maximum(ppp, 1), even & (NB * HKV >= FILL_N), uni
+    # uni past one wave: the fine grain when one pass's makespan (waves x partitions) is >= 5/4
+    # of the grain's (a thin last wave of whole sequences)
+    n_fine = n * ((uni + fine - 1) // tl.maximum(fine, 1))
+    thin = (uni > 0) & (n > SLOTS) & (4 * ((n + SLOTS - 1) // SLOTS) * uni
+                                      >= 5 * ((n_fine + SLOTS - 1) // SLOTS) * fine)
+    ppp = tl.where(thin, fine, ppp)
+    return tl.maximum(ppp, 1), even & (n >= FILL_N) & (thin == 0), uni
 
 
 @triton.jit
