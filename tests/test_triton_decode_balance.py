@@ -36,7 +36,8 @@ def launch_guard():
 
 def _plan(lens, part, hkv, fill_n, slots, fine):
     """An independent model of ``_decode_state.plan``: shares per sequence, whether one program
-    owns the sequence whole, ppp and fill (every sequence whole: the count rule's one pass)."""
+    owns the sequence whole, ppp, fill (every sequence whole: the count rule's one pass) and uni
+    (the partition count when every sequence has the same, else 0)."""
     n = [max(1, math.ceil(x / part)) for x in lens]
     even = 4 * max(n) * len(n) <= 5 * sum(n)  # the longest at most 5/4 of the mean, exactly
     tot = hkv * sum(n)
@@ -53,7 +54,8 @@ def _plan(lens, part, hkv, fill_n, slots, fine):
         if 4 * one_pass >= 5 * shared:
             ppp, fill = grain, False
     whole = [c <= ppp or fill for c in n]
-    return [1 if w else math.ceil(c / ppp) for c, w in zip(n, whole)], whole, ppp, fill
+    uni = n[0] if len(set(n)) == 1 else 0
+    return [1 if w else math.ceil(c / ppp) for c, w in zip(n, whole)], whole, ppp, fill, uni
 
 
 def _extras(shares):
@@ -119,11 +121,9 @@ def test_extra_shares_are_listed_in_order(device, monkeypatch, case, fused):
     if fused:
         monkeypatch.setattr(DS, "_FUSED", tl.constexpr(True))
     hkv, part = 2, 16
-    shares, _, ppp, fill = _plan(lens, part, hkv, *bal)
+    shares, _, ppp, fill, uni = _plan(lens, part, hkv, *bal)
     want = _extras(shares)
-    n = [max(1, math.ceil(x / part)) for x in lens]
-    uni = n[0] if len(set(n)) == 1 else 0
-    assert want or fill or case in (6,), "the case must hold extra shares"
+    assert want or fill or case == 6, "the case must hold extra shares"
     grid = len(want) + 3
     out = torch.full((grid, 5), -7, dtype=torch.int32, device=device)
     _plan_probe[(grid,)](torch.tensor(lens, dtype=torch.int32, device=device), out, len(lens),
