@@ -154,18 +154,17 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     T = HKV x the batch's partitions. An even batch (longest <= 5/4 of the mean) takes the count
     rule with the true lengths: fill (one pass) when B x HKV >= FILL_N (the host's rule,
     ``_decode_configs.fill_n``), else shares of cdiv(T, SLOTS) (SLOTS: resident programs of one
-    wave);
-    when every sequence has uni partitions and B x HKV <= SLOTS, shares of cdiv(uni, k) with
-    k = SLOTS // (B x HKV) shares per sequence, so the programs fit one wave (cdiv(T, SLOTS)
-    rounds per sequence and can spill: (24, 4096) 32/8 block 16 made 576 programs for 528 slots,
-    1.19x slower than the count rule's split; H200 session 22). Past one wave (B x HKV > SLOTS),
-    a uniform batch takes the ragged grain instead of one pass when one pass's makespan (waves
-    x partitions) is at least 5/4 of the grain's: whole sequences would leave a thin last wave
-    (H200 session 22, (72, 4096) 32/8 block 16: one pass 1.26-1.30x slower than split). A ragged
-    batch takes shares of
-    cdiv(T, FINE x SLOTS), and only sequences that fit one share run whole: its programs start
-    over several waves, so none may hold much of a wave's work (H200, session 19: shares of
-    cdiv(T, SLOTS) were 11-12 % slower than one partition per program on two ragged mixes).
+    wave). When every sequence has uni partitions:
+    * B x HKV <= SLOTS: shares of cdiv(uni, k), k = SLOTS // (B x HKV) shares per sequence, so
+      the programs fit one wave (cdiv(T, SLOTS) rounds per sequence and can spill: (24, 4096)
+      32/8 block 16 made 576 programs for 528 slots, 1.19x slower than the count rule's split);
+    * past one wave: the ragged grain instead of one pass when one pass's makespan (waves x
+      partitions) is at least 5/4 of the grain's, i.e. whole sequences would leave a thin last
+      wave ((72, 4096) 32/8 block 16: one pass 1.28x slower; H200 session 22).
+    A ragged batch takes shares of cdiv(T, FINE x SLOTS), and only sequences that fit one share
+    run whole: its programs start over several waves, so none may hold much of a wave's work
+    (H200, session 19: shares of cdiv(T, SLOTS) were 11-12 % slower than one partition per
+    program on two ragged mixes).
     """
     tot, longest, shortest = _counts(lens0, j0, NB, PART)
     for i in tl.range(NB_BLOCK, NB, NB_BLOCK, num_stages=1):
