@@ -8,10 +8,11 @@ must match the oracle and be bitwise those of the one-pass launch (batch invaria
 """
 import importlib
 import math
+import random
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import triton
 import triton.language as tl
@@ -133,6 +134,33 @@ def test_extra_shares_are_listed_in_order(device, monkeypatch, case, fused):
     assert [r[2] for r in got[:len(want)]] == [lens[i] for i, _ in want]
     assert {r[3] for r in got} == {ppp}
     assert {r[4] for r in got} == {int(fill) + 2 * uni}
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_seq=st.integers(1, 12), parts=st.integers(1, 9), spread=st.integers(0, 40),
+       uniform=st.booleans(), slots=st.integers(1, 40), fine=st.integers(1, 4),
+       fill_n=st.integers(1, 30), seed=st.integers(0, 2 ** 16))
+def test_plan_matches_the_model_on_random_batches(device, n_seq, parts, spread, uniform, slots,
+                                                   fine, fill_n, seed):
+    """The kernels' plan (ppp, fill, uni and every extra share in order) against the model on
+    random batches: uniform ones (one wave, past one wave), even and ragged ones."""
+    rng = random.Random(seed)
+    part, hkv = 16, 2
+    hi = parts * part
+    lens = [hi - rng.randrange(part) if uniform else max(0, hi - rng.randrange(spread * part + 1))
+            for _ in range(n_seq)]
+    bal = (fill_n, slots, fine)
+    shares, _, ppp, fill, uni = _plan(lens, part, hkv, *bal)
+    want = _extras(shares)
+    grid = len(want) + 2
+    out = torch.full((grid, 5), -7, dtype=torch.int32, device=device)
+    _plan_probe[(grid,)](torch.tensor(lens, dtype=torch.int32, device=device), out, len(lens),
+                         hkv, *bal, part, NB_BLOCK=16)
+    got = out.cpu().tolist()
+    assert [tuple(r[:2]) for r in got[:len(want)]] == want
+    assert all(r[0] == -1 for r in got[len(want):])
+    assert {r[3] for r in got} == {ppp} and {r[4] for r in got} == {int(fill) + 2 * uni}
 
 
 @pytest.mark.parametrize("form,slots,fills", [
