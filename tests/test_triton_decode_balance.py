@@ -163,15 +163,15 @@ def test_plan_matches_the_model_on_random_batches(device, n_seq, parts, spread, 
     assert {r[3] for r in got} == {ppp} and {r[4] for r in got} == {int(fill) + 2 * uni}
 
 
-@pytest.mark.parametrize("form,slots,fills", [
-    ("tl", 528, {128: 0, 320: 0, 395: 0, 396: 1, 512: 1, 600: 1}),
-    ("rows", 264, {128: 0, 264: 0, 395: 0, 396: 1, 800: 1}),
-    ("swap", 396, {256: 0, 395: 0, 396: 1, 397: 0, 416: 0, 1187: 0, 1188: 1})])
-def test_fill_n_follows_the_wave_rule(form, slots, fills):
+@pytest.mark.parametrize("swap,slots,fills", [
+    (False, 528, {128: 0, 320: 0, 395: 0, 396: 1, 512: 1, 600: 1}),
+    (False, 264, {128: 0, 264: 0, 395: 0, 396: 1, 800: 1}),
+    (True, 396, {256: 0, 395: 0, 396: 1, 397: 0, 416: 0, 1187: 0, 1188: 1})])
+def test_fill_n_follows_the_wave_rule(swap, slots, fills):
     """One pass for even batches from FILL x SMs programs (the H200's 132 SMs), the swap form not
     between one and three waves of its resident programs (session 22's A/B)."""
     for programs, want in fills.items():
-        got = DC.fill_n(programs, 132, slots, form, 3)
+        got = DC.fill_n(programs, 132, slots, swap, 3)
         assert got in (programs, programs + 1) and (got == programs) == bool(want), programs
 
 

@@ -185,11 +185,10 @@ def _fold_tile(rows, block_d, num_warps, n_part_max):
 # and 32/32 (8, 8192)): its grid's extra programs, empty then, run beside the sequences.
 
 
-def fill_n(programs, sms, slots, form, fill):
+def fill_n(programs, sms, slots, swap, fill):
     """FILL_N of the balanced plan (``_decode_state.plan``: an even batch runs in one pass when
-    B x Hkv >= FILL_N): ``programs`` (B x Hkv) when one pass is the form's launch, else
-    programs + 1 (never): ``fill`` x SMs programs or more, and for the swap form at most one
-    wave of ``slots`` resident programs or at least three."""
-    ok = programs >= fill * sms and (form != "swap" or programs <= slots
-                                     or programs >= 3 * slots)
+    B x Hkv >= FILL_N): ``programs`` (B x Hkv) when one pass is the launch, else programs + 1
+    (never): ``fill`` x SMs programs or more, and for the ``swap`` form at most one wave of
+    ``slots`` resident programs or at least three."""
+    ok = programs >= fill * sms and (not swap or programs <= slots or programs >= 3 * slots)
     return programs if ok else programs + 1

@@ -126,9 +126,9 @@ def _slots(smem, warps, device, regs=None):
     return props.multi_processor_count * max(1, per_sm)
 
 
-def _balance(smem, warps, device, programs, form):
+def _balance(smem, warps, device, programs, swap):
     """(FILL_N, SLOTS, FINE) of the balanced launch (``_decode_state.plan``) of ``programs``
-    (B x Hkv) programs of a kernel ``form`` (``fill_n``): FILL_N from the wave rule (``fill_n``),
+    (B x Hkv) programs (``swap``: the Gluon swap form's): FILL_N from ``fill_n``,
     SLOTS = :func:`_slots` (one wave), FINE = PAGEDATTN_DECODE_FINE (default 4: a ragged batch's
     shares are a quarter of a slot's mean work). ``BALANCE`` overrides (tests)."""
     fine = _dispatch.count_or_auto(os.environ.get("PAGEDATTN_DECODE_FINE", "4"),
@@ -138,7 +138,7 @@ def _balance(smem, warps, device, programs, form):
     if device.type != "cuda":
         return _dispatch.FILL, 4, fine  # interpreter: tests set BALANCE for the cases they need
     slots = _slots(smem, warps, device)
-    return fill_n(programs, _num_sms(device), slots, form, _dispatch.FILL), slots, fine
+    return fill_n(programs, _num_sms(device), slots, swap, _dispatch.FILL), slots, fine
 
 
 def _balance_extra(n_part_max, nb, hkv, slots):
@@ -313,8 +313,7 @@ def run(call):
         warps, regs = num_warps, None
     ppp, fill_at, slots, fine = 1, 1, 1, 1
     if mode == "balance":
-        fill_at, slots, fine = _balance(smem, warps, dev, nb * hkv,
-                                        "swap" if one else "tl" if gk is None else "rows")
+        fill_at, slots, fine = _balance(smem, warps, dev, nb * hkv, one)
         if one:  # the swap form: every batch takes a finer grain (SWAP_GRAIN, FINE)
             slots, fine = slots * fine * SWAP_GRAIN, 1
         grid = (hkv, nb + _balance_extra(n_part_max, nb, hkv, slots * fine), 1)
