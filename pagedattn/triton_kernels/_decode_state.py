@@ -222,10 +222,15 @@ def balanced_share(y, s, seq_len, lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, F
 
 
 @triton.jit
+def _extra_shares(c, ppp, fill):
+    """Shares past the first of a sequence of c partitions (0 when it runs whole)."""
+    return tl.where(runs_whole(c, ppp, fill), 0, (c + ppp - 1) // ppp - 1)
+
+
+@triton.jit
 def _extras(n, j, NB, ppp, fill, PART):
     """Shares past the first of each length n (0 for a whole sequence and past NB)."""
-    c = _parts(n, j, NB, PART)
-    return tl.where(runs_whole(c, ppp, fill), 0, (c + ppp - 1) // ppp - 1)
+    return _extra_shares(_parts(n, j, NB, PART), ppp, fill)
 
 
 @triton.jit
@@ -257,7 +262,7 @@ def extra_share(lens0, j0, lens_ptr, NB, e, ppp, fill, uni, PART, NB_BLOCK: tl.c
     every sequence has uni partitions, else 0): k extras each, so share e is sequence e // k's
     (e % k + 1)-th, with no scan."""
     if uni > 0:
-        k = tl.where(runs_whole(uni, ppp, fill), 0, (uni + ppp - 1) // ppp - 1)
+        k = _extra_shares(uni, ppp, fill)
         kk = tl.maximum(k, 1)
         s = tl.where(e < NB * k, e // kk, -1)
         a = e % kk + 1
