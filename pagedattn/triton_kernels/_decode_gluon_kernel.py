@@ -15,10 +15,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, warpgr
                                                               warpgroup_mma_wait)
 
 from pagedattn.triton_kernels._decode_gluon_ring import (_BLOCK_M, _STAMPS, _bal_lens, _clock,
-                                                         _copy_rows, _issue_kv, _kv_base, _landed,
-                                                         _program, _ring_plan, _ring_start,
-                                                         _stamp)
-from pagedattn.triton_kernels._extend_gluon import _ids
+                                                         _issue_kv, _kv_base, _landed, _program,
+                                                         _ring_plan, _ring_start, _stamp)
+from pagedattn.triton_kernels._extend_gluon import _copy_rows, _ids
 
 _LN2 = gl.constexpr(0.6931471805599453)
 

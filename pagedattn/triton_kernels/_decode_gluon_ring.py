@@ -7,7 +7,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared
 
 from pagedattn.triton_kernels._decode_state import balanced_share, batch_lens
-from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
+from pagedattn.triton_kernels._extend_gluon import _head_bases, _ids, _issue, _load_q
 
 BLOCK_M = 64  # one warpgroup's wgmma rows
 _BLOCK_M = gl.constexpr(BLOCK_M)  # jit code reads globals only as constexpr
@@ -146,22 +146,9 @@ def _kv_base(bt_ptr, kc_ptr, vc_ptr, s, h, seq_len, t_lo, t_hi, LQ, stride_bt, s
     """What every form's tile loop addresses from: (:func:`_tiles`, this head's K and V bases,
     the block strides as int64 of their uint32)."""
     n_tiles, lim, bt_row = _tiles(bt_ptr, s, seq_len, t_lo, t_hi, LQ, stride_bt, BLOCK_N, CAUSAL)
-    kc_h = kc_ptr + h.to(gl.int64) * stride_kh
-    vc_h = vc_ptr + h.to(gl.int64) * stride_vh
-    sb_k = stride_kb.to(gl.uint32).to(gl.int64)
-    sb_v = stride_vb.to(gl.uint32).to(gl.int64)
+    kc_h, vc_h, sb_k, sb_v = _head_bases(kc_ptr, vc_ptr, h, stride_kh, stride_vh, stride_kb,
+                                         stride_vb)
     return n_tiles, lim, bt_row, kc_h, vc_h, sb_k, sb_v
-
-
-@gluon.jit
-def _copy_rows(stride_kt, stride_vt, D: gl.constexpr, PAGE: gl.constexpr,
-               BLOCK_N: gl.constexpr, LD: gl.constexpr):
-    """(head-dim columns, key rows of a tile, the rows' loop-invariant K and V token offsets:
-    int32, within one page) of the cp.async copies in layout LD."""
-    dcol = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
-    r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))  # key row within a tile
-    TPP: gl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N  # tile rows per page
-    return dcol, r, (r % TPP) * stride_kt, (r % TPP) * stride_vt
 
 
 @gluon.jit

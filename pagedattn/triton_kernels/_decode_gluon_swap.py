@@ -27,10 +27,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
                                                               warpgroup_mma)
 
-from pagedattn.triton_kernels._decode_gluon_ring import (_bal_lens, _copy_rows, _issue_kv,
-                                                         _kv_base, _landed, _program, _ring_plan,
+from pagedattn.triton_kernels._decode_gluon_ring import (_bal_lens, _issue_kv, _kv_base,
+                                                         _landed, _program, _ring_plan,
                                                          _ring_start, _stamp)
-from pagedattn.triton_kernels._extend_gluon import _ids
+from pagedattn.triton_kernels._extend_gluon import _copy_rows, _ids
 
 _LN2 = gl.constexpr(0.6931471805599453)
 

@@ -113,6 +113,24 @@ def launch(call, ks, vs, group: int, group_p: int, max_q: int, lse):
 
 
 @gluon.jit
+def _head_bases(kc_ptr, vc_ptr, kvh, stride_kh, stride_vh, stride_kb, stride_vb):
+    """(this KV head's K and V bases, the caches' block strides as int64 of their uint32)."""
+    return (kc_ptr + kvh.to(gl.int64) * stride_kh, vc_ptr + kvh.to(gl.int64) * stride_vh,
+            stride_kb.to(gl.uint32).to(gl.int64), stride_vb.to(gl.uint32).to(gl.int64))
+
+
+@gluon.jit
+def _copy_rows(stride_kt, stride_vt, D: gl.constexpr, PAGE: gl.constexpr,
+               BLOCK_N: gl.constexpr, LD: gl.constexpr):
+    """(head-dim columns, key rows of a tile, the rows' loop-invariant K and V token offsets:
+    int32, within one page) of the cp.async copies in layout LD."""
+    dcol = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
+    r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))  # key row within a tile
+    TPP: gl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N  # tile rows per page
+    return dcol, r, (r % TPP) * stride_kt, (r % TPP) * stride_vt
+
+
+@gluon.jit
 def _ids(bt_row, start, hi, r, PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
     """Block ids of the tile at ``start`` (a multiple of BLOCK_N; 0 past hi: never loaded): an
     int32 [N] per key row when pages are smaller than the tile, else one scalar."""
@@ -261,15 +279,9 @@ def extend_fwd_sm90(
     prefix, hi, full, n_tiles = _key_range(tok0, lq, lk, CAUSAL, BLOCK_Q, BLOCK_N)
 
     bt_row = bt_ptr + b.to(gl.int64) * stride_bt
-    kc_h = kc_ptr + kvh.to(gl.int64) * stride_kh
-    vc_h = vc_ptr + kvh.to(gl.int64) * stride_vh
-    dcol = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD))
-    r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))  # key row within a tile
-    TPP: gl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N  # tile rows per page
-    k_tok = (r % TPP) * stride_kt  # loop-invariant token terms (int32: within one page)
-    v_tok = (r % TPP) * stride_vt
-    sb_k = stride_kb.to(gl.uint32).to(gl.int64)
-    sb_v = stride_vb.to(gl.uint32).to(gl.int64)
+    kc_h, vc_h, sb_k, sb_v = _head_bases(kc_ptr, vc_ptr, kvh, stride_kh, stride_vh, stride_kb,
+                                         stride_vb)
+    dcol, r, k_tok, v_tok = _copy_rows(stride_kt, stride_vt, HEAD_DIM, PAGE, BLOCK_N, LD)
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
     k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
     v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)

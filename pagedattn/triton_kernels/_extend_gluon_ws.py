@@ -7,8 +7,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                               mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from pagedattn.triton_kernels._extend_gluon import (_epilogue, _ids, _issue, _key_range, _load_q,
-                                                    _program, _softmax)
+from pagedattn.triton_kernels._extend_gluon import (_epilogue, _head_bases, _ids, _issue,
+                                                    _key_range, _load_q, _program, _softmax)
 
 
 @gluon.jit
@@ -143,10 +143,8 @@ def extend_fwd_sm90_ws(
         return
     prefix, hi, full, n_tiles = _key_range(tok0, lq, lk, CAUSAL, BLOCK_Q, BLOCK_N)
     bt_row = bt_ptr + b.to(gl.int64) * stride_bt
-    kc_h = kc_ptr + kvh.to(gl.int64) * stride_kh
-    vc_h = vc_ptr + kvh.to(gl.int64) * stride_vh
-    sb_k = stride_kb.to(gl.uint32).to(gl.int64)
-    sb_v = stride_vb.to(gl.uint32).to(gl.int64)
+    kc_h, vc_h, sb_k, sb_v = _head_bases(kc_ptr, vc_ptr, kvh, stride_kh, stride_vh, stride_kb,
+                                         stride_vb)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
     k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
