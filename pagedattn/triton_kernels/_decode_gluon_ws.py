@@ -25,6 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 from pagedattn.triton_kernels._decode_gluon_ring import _kv_base, _program, _stamp
 from pagedattn.triton_kernels._decode_gluon_swap import _end_tile_t, _epilogue_t, _softmax_t
 from pagedattn.triton_kernels._extend_gluon import _ids, _issue, _load_q
+from pagedattn.triton_kernels._extend_gluon_ws import ring_barriers
 
 P_WARPS = gl.constexpr(4)  # the producer warpgroup
 P_REGS = gl.constexpr(80)  # its registers per thread (a tile's block ids, row addresses)
@@ -167,17 +168,7 @@ def decode_sm90_ws(
     k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
     v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, D], KV_SMEM)
     p_smem = gl.allocate_shared_memory(dtype, [NQ, BLOCK_N], P_SMEM)  # P [NQ, BLOCK_N]
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    v_full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=P_WARPS * 32)  # one cp.async arrival per producer thread
-    for i in gl.static_range(NS):
-        mbarrier.init(k_full.index(i), count=P_WARPS * 32)
-        mbarrier.init(v_full.index(i), count=P_WARPS * 32)
-        mbarrier.init(k_empty.index(i), count=1)  # one arrival from the consumer partition
-        mbarrier.init(v_empty.index(i), count=1)
+    q_bar, k_full, k_empty, v_full, v_empty = ring_barriers(NS, P_WARPS, 1)
     # NOTE the partition arguments are written out: a tuple bound to a name first loses its
     # constexprs (triton 3.6)
     gl.warp_specialize([

@@ -12,6 +12,26 @@ from pagedattn.triton_kernels._extend_gluon import (_epilogue, _head_bases, _ids
 
 
 @gluon.jit
+def ring_barriers(NS: gl.constexpr, P_WARPS: gl.constexpr, CONSUMERS: gl.constexpr):
+    """(q_bar, k_full, k_empty, v_full, v_empty) of a warp-specialized K/V ring of NS slots
+    (the extend and decode ``ws`` kernels): q's and the full barriers count one cp.async arrival
+    per producer thread (P_WARPS warps); the empty ones one arrival per consumer partition
+    (Gluon's mbarrier.arrive syncs the partition and arrives from one thread)."""
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    v_full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=P_WARPS * 32)
+    for i in gl.static_range(NS):
+        mbarrier.init(k_full.index(i), count=P_WARPS * 32)
+        mbarrier.init(v_full.index(i), count=P_WARPS * 32)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    return q_bar, k_full, k_empty, v_full, v_empty
+
+
+@gluon.jit
 def _ws_producer(q_ptr, kc_h, vc_h, bt_row, q_smem, k_ring, v_ring, q_bar, k_full, k_empty,
                  v_full, v_empty, q0, tok0, lq, kvh, hi, n_tiles, stride_qt, stride_qh, sb_k,
                  stride_kt, sb_v, stride_vt, GROUP: gl.constexpr, GROUP_P: gl.constexpr,
@@ -149,19 +169,7 @@ def extend_fwd_sm90_ws(
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
     k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
     v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    v_full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=P_WARPS * 32)  # one cp.async arrival per producer thread
-    for i in gl.static_range(NS):
-        mbarrier.init(k_full.index(i), count=P_WARPS * 32)
-        mbarrier.init(v_full.index(i), count=P_WARPS * 32)
-        # Gluon's mbarrier.arrive syncs the partition and arrives from one thread: one arrival
-        # per consumer partition
-        mbarrier.init(k_empty.index(i), count=2 if SPLIT else 1)
-        mbarrier.init(v_empty.index(i), count=2 if SPLIT else 1)
+    q_bar, k_full, k_empty, v_full, v_empty = ring_barriers(NS, P_WARPS, 2 if SPLIT else 1)
     # NOTE the partition arguments are written out: a tuple bound to a name first loses its
     # constexprs (triton 3.6)
     HALF: gl.constexpr = BLOCK_M // 2
