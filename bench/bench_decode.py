@@ -124,14 +124,19 @@ def _sdpa(q, k, v, table, lens, bs):
 
 def _flashinfer(q, k, v, table, lens, bs, tensor_cores=True, backend="auto"):
     """FlashInfer's batch decode: tensor-core path (its prefill kernels: FA3 on sm_90 under
-    "auto", or FA2) or the CUDA-core decode kernel (``tensor_cores=False``)."""
+    "auto", or FA2) or the CUDA-core decode kernel (``tensor_cores=False``). Each sequence's
+    pages up to its length (lens >= 1); the plan runs here, untimed, as engines run it once per
+    batch."""
     import flashinfer
     import torch
 
     b, hq, d = q.shape
-    pages = table.shape[1]
-    indptr = torch.arange(0, (b + 1) * pages, pages, dtype=torch.int32, device=q.device)
-    indices = table.reshape(-1).contiguous()
+    # each sequence's own pages (its length, not the table's width): ragged batches too
+    pages = ((lens.long() + bs - 1) // bs).clamp(min=1)
+    indptr = torch.zeros(b + 1, dtype=torch.int32, device=q.device)
+    indptr[1:] = torch.cumsum(pages, 0).to(torch.int32)
+    cols = torch.arange(table.shape[1], device=q.device)
+    indices = table[cols[None, :] < pages[:, None]].contiguous()  # row-major: sequence order
     last = ((lens - 1) % bs + 1).to(torch.int32)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device=q.device)
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "HND", use_tensor_cores=tensor_cores,

@@ -13,16 +13,21 @@ lengths on the device; HIP: the count rule) against the count rule (Triton), eac
 forced and split with one partition per program, from CUDA graphs, on a batch whose lengths are
 not equal: us per call and GB/s of the K/V actually visible. ``triton_tl``: the Triton kernel forced
 (PAGEDATTN_DECODE_VARIANT=triton; the Gluon kernel serves MHA and 64-token pages).
+``flashinfer``, ``flashinfer_fa2``, ``flashinfer_cuda``: FlashInfer's batch decode (tensor cores
+under "auto" / FA2, CUDA cores), planned from the lengths outside the timing; "rule" only.
 """
 import argparse
 
 import torch
 
-from bench.bench_decode import D, _bench_graph, _case, _ours, _with_env
+from bench.bench_decode import D, _bench_graph, _case, _flashinfer, _ours, _with_env
 
 MODES = {"triton": "PAGEDATTN_DECODE_MODE", "hip": "PAGEDATTN_HIP_DECODE_MODE"}
 PPP = {"triton": "PAGEDATTN_DECODE_PPP", "hip": "PAGEDATTN_HIP_DECODE_PPP"}
 BASE = {"triton": {}, "triton_tl": {"PAGEDATTN_DECODE_VARIANT": "triton"}, "hip": {}}
+# FlashInfer's batch decode (bench_decode's three paths), planned from the batch's lengths
+PEERS = {"flashinfer": {}, "flashinfer_fa2": {"backend": "fa2"},
+         "flashinfer_cuda": {"tensor_cores": False}}
 
 
 def _lengths(a, gen):
@@ -71,16 +76,20 @@ def main():
         kb = keys * hkv * D * 2 * 2 / 1e3  # K + V bytes visible, in kB: kB / us = GB/s
         out = torch.empty_like(q)
         for be in a.backends.split(","):
-            kind = "hip" if be == "hip" else "triton"
-            fn = _ours(q, k, v, table, lens, out, kind)
-            envs = [{}, {MODES[kind]: "count"} if kind == "triton" else None,
-                    {MODES[kind]: "one_pass"}, {MODES[kind]: "split"},
-                    {MODES[kind]: "split", PPP[kind]: "1"}]
-            t = [None if env is None else _bench_graph(_with_env(fn, **BASE[be], **env))
-                 for env in envs]
+            if be in PEERS:  # FlashInfer: its own plan (from the lengths, untimed); one cell
+                t = [_bench_graph(_flashinfer(q, k, v, table, lens, a.block, **PEERS[be]))]
+                t += [None] * 4
+            else:
+                kind = "hip" if be == "hip" else "triton"
+                fn = _ours(q, k, v, table, lens, out, kind)
+                envs = [{}, {MODES[kind]: "count"} if kind == "triton" else None,
+                        {MODES[kind]: "one_pass"}, {MODES[kind]: "split"},
+                        {MODES[kind]: "split", PPP[kind]: "1"}]
+                t = [None if env is None else _bench_graph(_with_env(fn, **BASE[be], **env))
+                     for env in envs]
             cells = " | ".join("-" if x is None else f"{x:.1f}" for x in t)
-            print(f"| {hq}/{hkv} | {be} | {cells} | {kb / t[0]:.0f} | {kb / t[4]:.0f} |",
-                  flush=True)
+            bw = " | ".join("-" if x is None else f"{kb / x:.0f}" for x in (t[0], t[4]))
+            print(f"| {hq}/{hkv} | {be} | {cells} | {bw} |", flush=True)
         del q, k, v, table, lens, out
         torch.cuda.empty_cache()
 
