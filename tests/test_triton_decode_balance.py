@@ -47,13 +47,14 @@ def _plan(lens, part, hkv, fill_n, slots, fine):
     if even and len(set(n)) == 1 and k:  # uniform: k shares per sequence, one wave exactly
         ppp = max(1, math.ceil(n[0] / k))
     fill = even and len(n) * hkv >= fill_n
-    grain = max(1, math.ceil(tot / (fine * slots)))
     programs = len(n) * hkv
-    if len(set(n)) == 1 and programs > slots:  # past one wave: the grain if one pass is thin
-        one_pass = math.ceil(programs / slots) * n[0]
-        shared = math.ceil(programs * math.ceil(n[0] / grain) / slots) * grain
-        if 4 * one_pass >= 5 * shared:
-            ppp, fill = grain, False
+    if even and programs > slots:  # past one wave: the best grain if one pass is thin
+        # c = 2 .. 17 shares of the longest's partitions make cdiv(L, cdiv(L, c)) <= c
+        shares = {math.ceil(max(n) / math.ceil(max(n) / c)) for c in range(2, min(max(n), 17) + 1)}
+        grains = [(math.ceil(programs * c / slots) * math.ceil(max(n) / c), c) for c in shares
+                  if len(n) * (c - 1) <= fine * slots // hkv]  # the grid's extras hold them
+        if grains and 4 * math.ceil(programs / slots) * max(n) >= 5 * min(grains)[0]:
+            ppp, fill = math.ceil(max(n) / min(grains)[1]), False
     whole = [c <= ppp or fill for c in n]
     uni = n[0] if len(set(n)) == 1 else 0
     return [1 if w else math.ceil(c / ppp) for c, w in zip(n, whole)], whole, ppp, fill, uni
@@ -106,8 +107,10 @@ PROBES = [
     # uni, one wave exactly: 2 shares of 4 (cdiv(T, SLOTS) = 3 would make 18 programs > 16)
     ([120, 128, 115], (99, 16, 1), 4),
     # uni past one wave (20 programs, 16 slots), fill allowed: one pass would take 2 waves x 8
-    # partitions, shares of the grain 3 take 4 x 3: shares
+    # partitions, shares of 2 take 5 x 2 (of 3: 4 x 3; 4 extras a sequence would not fit)
     ([120, 128, 115, 113, 127, 126, 119, 114, 121, 125], (2, 16, 4), 4),
+    # even, not uni, past one wave: the same grain (7 or 8 partitions; extras by the scan)
+    ([120, 128, 100, 113, 127, 126, 104, 114, 121, 125], (2, 16, 4), 4),
 ]
 
 
@@ -194,6 +197,9 @@ CASES = [  # lens, heads (hq, hkv), layout, dtypes, options, (FILL_N, SLOTS, FIN
      {"sliding_window": 40}, (9, 10, 4), True),
     # uniform past one wave (10 programs, 8 slots): shares of the grain instead of one pass
     ([120, 113, 128, 125, 116], (4, 2), "bhsd", (torch.float16, torch.float16), {}, (2, 8, 4),
+     True),
+    # even, not uniform, past one wave: the same
+    ([120, 100, 128, 125, 116], (4, 2), "bshd", (torch.float16, torch.float16), {}, (2, 8, 4),
      True),
 ]
 

@@ -11,6 +11,10 @@ import triton.language as tl
 # of two or three); exact either way. Off under the interpreter, which runs it ~3x slower.
 _FUSED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 _BIG = tl.constexpr(2147483647)
+_NONE = tl.constexpr(2 ** 28)
+# shares per sequence the grain search of an even batch past one wave tries (plan, best_grain):
+# 2 .. _GRAINS + 1 (past one wave a grid of FINE waves holds at most FINE + 1 shares a sequence)
+_GRAINS = tl.constexpr(16)
 
 
 @triton.jit
@@ -158,9 +162,11 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     * B x HKV <= SLOTS: shares of cdiv(uni, k), k = SLOTS // (B x HKV) shares per sequence, so
       the programs fit one wave (cdiv(T, SLOTS) rounds per sequence and can spill: (24, 4096)
       32/8 block 16 made 576 programs for 528 slots, 1.19x slower than the count rule's split);
-    * past one wave: the ragged grain instead of one pass when one pass's makespan (waves x
-      partitions) is at least 5/4 of the grain's, i.e. whole sequences would leave a thin last
-      wave ((72, 4096) 32/8 block 16: one pass 1.28x slower; H200 session 22).
+    Past one wave (B x HKV > SLOTS), an even batch takes shares of the best grain
+    (:func:`best_grain`) instead of one pass when one pass's makespan (waves x the longest's
+    partitions) is at least 5/4 of the grain's, i.e. whole sequences would leave a thin last
+    wave ((72, 4096) 32/8 block 16: one pass 1.28x slower than the ragged grain, split at 2
+    partitions a program 1.015x faster still; H200 session 22).
     A ragged batch takes shares of cdiv(T, FINE x SLOTS), and only sequences that fit one share
     run whole: its programs start over several waves, so none may hold much of a wave's work
     (H200, session 19: shares of cdiv(T, SLOTS) were 11-12 % slower than one partition per
@@ -181,13 +187,34 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     fine = (tot + FINE * SLOTS - 1) // (FINE * SLOTS)
     ppp = tl.where(even, (tot + SLOTS - 1) // SLOTS, fine)
     ppp = tl.where(even & (uni > 0) & (k > 0), (uni + k - 1) // tl.maximum(k, 1), ppp)
-    # uni past one wave: the fine grain when one pass's makespan (waves x partitions) is >= 5/4
-    # of the grain's (a thin last wave of whole sequences)
-    n_fine = n * ((uni + fine - 1) // tl.maximum(fine, 1))
-    thin = (uni > 0) & (n > SLOTS) & (4 * ((n + SLOTS - 1) // SLOTS) * uni
-                                      >= 5 * ((n_fine + SLOTS - 1) // SLOTS) * fine)
-    ppp = tl.where(thin, fine, ppp)
+    # even past one wave: the best grain when one pass's makespan (waves x the longest's
+    # partitions) is >= 5/4 of the grain's (a thin last wave of whole sequences)
+    thin = even & (n > SLOTS)
+    if n > SLOTS:  # scalar branch: within one wave no program pays for the search
+        g, ms = best_grain(j0, longest, NB, n, SLOTS, (FINE * SLOTS) // HKV)
+        thin = thin & (4 * ((n + SLOTS - 1) // SLOTS) * longest >= 5 * ms)
+        ppp = tl.where(thin, g, ppp)
     return tl.maximum(ppp, 1), even & (n >= FILL_N) & (thin == 0), uni
+
+
+@triton.jit
+def best_grain(j, longest, NB, n, SLOTS, E_ROWS):
+    """The grain of an even batch past one wave (``plan``): (g, makespan) over c = 2 .. GRAINS
+    + 1 shares of the longest sequence's L partitions (lanes j < GRAINS of the caller's
+    layout), g = cdiv(L, c) partitions each, which make c' = cdiv(L, g) <= c shares: makespan
+    cdiv(n c', SLOTS) waves x g partitions (every sequence counted as the longest), the least,
+    ties to the larger g. Only grains whose extra shares fit the grid's (NB (c' - 1) <= E_ROWS
+    per head, ``decode._balance_extra``) and c <= L count; makespan _NONE when none does (5 x
+    _NONE still fits int32)."""
+    c = j + 2
+    g = (longest + c - 1) // c
+    cc = (longest + g - 1) // g
+    ok = (j < _GRAINS) & (c <= longest) & (NB * (cc - 1) <= E_ROWS)
+    waves = (cc.to(tl.int64) * n + SLOTS - 1) // SLOTS
+    key = tl.where(ok, (waves * g) * 64 + cc, _NONE * 64)  # makespan, then shares (ties: fewer)
+    best = tl.min(key, 0)
+    cc = tl.maximum((best % 64).to(tl.int32), 1)
+    return (longest + cc - 1) // cc, tl.minimum(best // 64, _NONE).to(tl.int32)
 
 
 @triton.jit
