@@ -1,11 +1,12 @@
 """Decode launch shapes on a ragged batch (GPU only).
 
 usage: python3 scripts/ragged_decode.py [--heads 32/8,32/32] [--batch 64] [--short 512]
-       [--long 32768] [--mix one_long|uniform|bimodal|even] [--block 16] [--width KEYS]
+       [--long 32768] [--mix one_long|uniform|bimodal|even|spread] [--block 16] [--width KEYS]
        [--backends triton,triton_tl,hip]
 Mixes: ``one_long`` (batch - 1 sequences of --short keys and one of --long), ``uniform``
 (lengths uniform in [1, --long], seeded), ``bimodal`` (half --short, half --long), ``even``
-(every sequence --long). --width: the block table's width in keys (default --long); engines size
+(every sequence --long), ``spread`` (uniform in [3/4, 1] x --long, seeded: an even batch whose
+partition counts differ). --width: the block table's width in keys (default --long); engines size
 it by the model's length, and the count rule sizes split shares by it (the slack points at a
 valid page and is masked).
 Times the launch rule (the Triton backend, its Gluon forms too: balanced, shares sized from the
@@ -36,6 +37,9 @@ def _lengths(a, gen):
         return torch.full((a.batch,), a.long, dtype=torch.int32)
     if a.mix == "uniform":
         return torch.randint(1, a.long + 1, (a.batch,), generator=gen, dtype=torch.int32)
+    if a.mix == "spread":
+        return torch.randint(a.long - a.long // 4, a.long + 1, (a.batch,), generator=gen,
+                             dtype=torch.int32)
     lens = torch.full((a.batch,), a.short, dtype=torch.int32)
     if a.mix == "bimodal":
         lens[a.batch // 2:] = a.long
@@ -51,7 +55,7 @@ def main():
     ap.add_argument("--short", type=int, default=512)
     ap.add_argument("--long", type=int, default=32768)
     ap.add_argument("--mix", default="one_long",
-                    choices=("one_long", "uniform", "bimodal", "even"))
+                    choices=("one_long", "uniform", "bimodal", "even", "spread"))
     ap.add_argument("--width", type=int, default=None)
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--backends", default="triton,triton_tl,hip")
@@ -77,7 +81,11 @@ def main():
         out = torch.empty_like(q)
         for be in a.backends.split(","):
             if be in PEERS:  # FlashInfer: its own plan (from the lengths, untimed); one cell
-                t = [_bench_graph(_flashinfer(q, k, v, table, lens, a.block, **PEERS[be]))]
+                try:
+                    t = [_bench_graph(_flashinfer(q, k, v, table, lens, a.block, **PEERS[be]))]
+                except Exception as e:  # not installed, or no prebuilt kernel for this case
+                    print(f"<!-- {be}: {type(e).__name__}: {str(e)[:200]} -->", flush=True)
+                    continue
                 t += [None] * 4
             else:
                 kind = "hip" if be == "hip" else "triton"
