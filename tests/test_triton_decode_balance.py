@@ -257,11 +257,17 @@ MIXES = {  # lengths: a long sequence among short ones; even batches that fill t
     "ragged": [512] * 24 + [9000, 1, 4097, 513],
     "even-fill": [1536 - 7 * i for i in range(64)],
     "even-split": [8192, 8000, 7777, 8191],
+    # past one wave (576 programs at 32/8), 7 or 8 partitions: the grain search cuts it on the
+    # H200 (block 16: 528 slots)
+    "even-past-wave": [4096 - 13 * i for i in range(72)],
 }
+CUT = {"ragged", "even-past-wave"}  # mixes whose plan must cut a sequence (on the H200)
 GPU_CASES = [((32, 8), 16, "triton", "ragged"), ((32, 32), 16, "triton", "ragged"),
              ((32, 8), 64, "triton", "ragged"), ((64, 8), 16, "triton", "ragged"),
-             ((32, 8), 16, "triton", "even-fill"), ((32, 8), 16, "triton", "even-split")] + [
-    (h, bs, "auto", mix) for h, bs in (((32, 32), 16), ((32, 8), 64)) for mix in MIXES]
+             ((32, 8), 16, "triton", "even-fill"), ((32, 8), 16, "triton", "even-split"),
+             ((32, 8), 16, "triton", "even-past-wave"), ((32, 8), 64, "auto", "even-past-wave")
+             ] + [(h, bs, "auto", mix) for h, bs in (((32, 32), 16), ((32, 8), 64))
+                  for mix in MIXES if mix != "even-past-wave"]
 
 
 @pytest.mark.gpu
@@ -287,11 +293,11 @@ def test_gpu_balanced_launch(device, launch_guard, monkeypatch, heads, bs, varia
     out, lse = pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, **kw)
     part = PD.default_partition_size(hq // hkv)
     assert seen == ["balance"], seen
-    if mix == "ragged":
-        fill_n, slots, fine = plan[0]
-        if hq == hkv and variant == "auto":  # the swap form's grain (decode.run)
-            slots, fine = slots * fine * PD.SWAP_GRAIN, 1
-        shares, *_ = _plan(lens, part, hkv, fill_n, slots, fine)
+    fill_n, slots, fine = plan[0]
+    if hq == hkv and variant == "auto":  # the swap form's grain (decode.run)
+        slots, fine = slots * fine * PD.SWAP_GRAIN, 1
+    shares, *_ = _plan(lens, part, hkv, fill_n, slots, fine)
+    if mix in CUT and (mix == "ragged" or variant == "triton"):
         assert max(shares) > 1, (plan, shares)
     _check(b, q, out, lse, lens, 1, torch.bfloat16)
     PD.FORCE_MODE = "one_pass"
