@@ -293,7 +293,9 @@ def extra_share(lens0, j0, lens_ptr, NB, e, ppp, fill, uni, PART, NB_BLOCK: tl.c
         kk = tl.maximum(k, 1)
         s = tl.where(e < NB * k, e // kk, -1)
         a = e % kk + 1
-        len_s = tl.load(lens_ptr + tl.maximum(s, 0)).to(tl.int32)
+        # none (s = -1: every extra program of a fill batch) reads nothing: it exits one round
+        # trip sooner
+        len_s = tl.load(lens_ptr + tl.maximum(s, 0), mask=s >= 0, other=0).to(tl.int32)
     else:
         s, a, len_s, before = _find(_extras(lens0, j0, NB, ppp, fill, PART), lens0, j0, e, 0,
                                     -1, 0, 0)
