@@ -189,10 +189,15 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     ppp = tl.where(even & (uni > 0) & (k > 0), (uni + k - 1) // tl.maximum(k, 1), ppp)
     # even past one wave: the best grain when one pass's makespan (waves x the longest's
     # partitions) is >= 5/4 of the grain's (a thin last wave of whole sequences)
-    thin = even & (n > SLOTS)
-    if n > SLOTS:  # scalar branch: within one wave no program pays for the search
+    # every grain's makespan is at least the area bound n L / SLOTS, so a thin last wave needs
+    # 4 cdiv(n, SLOTS) SLOTS >= 5 n: within one wave and on nearly whole waves ((256, 2048)
+    # 32/8: 2048 programs, 528 slots) no program pays for the search (H200 session 23, every
+    # program running it there: 2.4 % slower at block 16, 3.7 % at block 64)
+    waves1 = (n + SLOTS - 1) // SLOTS
+    thin = even & (n > SLOTS) & (4 * waves1 * SLOTS >= 5 * n)
+    if thin:  # scalar branch
         g, ms = best_grain(j0, longest, NB, n, SLOTS, (FINE * SLOTS) // HKV)
-        thin = thin & (4 * ((n + SLOTS - 1) // SLOTS) * longest >= 5 * ms)
+        thin = 4 * waves1 * longest >= 5 * ms
         ppp = tl.where(thin, g, ppp)
     return tl.maximum(ppp, 1), even & (n >= FILL_N) & (thin == 0), uni
 
@@ -210,8 +215,8 @@ def best_grain(j, longest, NB, n, SLOTS, E_ROWS):
     g = (longest + c - 1) // c
     cc = (longest + g - 1) // g
     ok = (j < _GRAINS) & (c <= longest) & (NB * (cc - 1) <= E_ROWS)
-    waves = (cc.to(tl.int64) * n + SLOTS - 1) // SLOTS
-    key = tl.where(ok, (waves * g) * 64 + cc, _NONE * 64)  # makespan, then shares (ties: fewer)
+    waves = (cc * n + SLOTS - 1) // SLOTS  # int32: n <= 65535 x Hkv, cc <= 17
+    key = tl.where(ok, (waves.to(tl.int64) * g) * 64 + cc, _NONE * 64)  # makespan, then shares
     best = tl.min(key, 0)
     cc = tl.maximum((best % 64).to(tl.int32), 1)
     return (longest + cc - 1) // cc, tl.minimum(best // 64, _NONE).to(tl.int32)
