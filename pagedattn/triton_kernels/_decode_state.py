@@ -189,14 +189,16 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     ppp = tl.where(even & (uni > 0) & (k > 0), (uni + k - 1) // tl.maximum(k, 1), ppp)
     # even past one wave: the best grain when one pass's makespan (waves x the longest's
     # partitions) is >= 5/4 of the grain's (a thin last wave of whole sequences)
-    # every grain's makespan is at least the area bound n L / SLOTS, so a thin last wave needs
-    # 4 cdiv(n, SLOTS) SLOTS >= 5 n: within one wave and on nearly whole waves ((256, 2048)
-    # 32/8: 2048 programs, 528 slots) no program pays for the search (H200 session 23, every
-    # program running it there: 2.4 % slower at block 16, 3.7 % at block 64)
+    # the search runs only where it can fire, so that no program of other launches pays for
+    # it (H200 session 23, every program of (256, 2048) 32/8 running it: 2.4 % slower at block
+    # 16, 3.7 % at block 64): every grain's makespan is at least the area bound n L / SLOTS, so
+    # a thin last wave needs 4 cdiv(n, SLOTS) SLOTS >= 5 n; and two shares of the longest need
+    # L >= 2 and NB extra programs per head within the grid's
     waves1 = (n + SLOTS - 1) // SLOTS
-    thin = even & (n > SLOTS) & (4 * waves1 * SLOTS >= 5 * n)
+    e_rows = (FINE * SLOTS) // HKV
+    thin = even & (n > SLOTS) & (4 * waves1 * SLOTS >= 5 * n) & (longest > 1) & (NB <= e_rows)
     if thin:  # scalar branch
-        g, ms = best_grain(j0, longest, NB, n, SLOTS, (FINE * SLOTS) // HKV)
+        g, ms = best_grain(j0, longest, NB, n, SLOTS, e_rows)
         thin = 4 * waves1 * longest >= 5 * ms
         ppp = tl.where(thin, g, ppp)
     return tl.maximum(ppp, 1), even & (n >= FILL_N) & (thin == 0), uni
