@@ -122,6 +122,11 @@ def _sdpa(q, k, v, table, lens, bs):
     return lambda: f(q4, kd, vd, enable_gqa=kd.shape[1] != hq)
 
 
+# FlashInfer's three decode paths (column name: _flashinfer keywords)
+FLASHINFER_PATHS = {"flashinfer": {}, "flashinfer_fa2": {"backend": "fa2"},
+                    "flashinfer_cuda": {"tensor_cores": False}}
+
+
 def _flashinfer(q, k, v, table, lens, bs, tensor_cores=True, backend="auto"):
     """FlashInfer's batch decode: tensor-core path (its prefill kernels: FA3 on sm_90 under
     "auto", or FA2) or the CUDA-core decode kernel (``tensor_cores=False``). Each sequence's
@@ -221,11 +226,9 @@ def main(argv=None):
                     peers["hip"] = lambda: _ours(q, k, v, table, lens, out, "hip")
                     peers["sdpa"] = lambda: _sdpa(q, k, v, table, lens, bs)
                     if fi_note == "available":  # its three decode paths; the best is the peer
-                        peers["flashinfer"] = lambda: _flashinfer(q, k, v, table, lens, bs)
-                        peers["flashinfer_fa2"] = lambda: _flashinfer(q, k, v, table, lens, bs,
-                                                                      backend="fa2")
-                        peers["flashinfer_cuda"] = lambda: _flashinfer(q, k, v, table, lens, bs,
-                                                                       tensor_cores=False)
+                        for name, kw in FLASHINFER_PATHS.items():
+                            peers[name] = lambda kw=kw: _flashinfer(q, k, v, table, lens, bs,
+                                                                    **kw)
                 notes = []
                 fns = {}
                 for name, make in peers.items():

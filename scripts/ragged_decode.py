@@ -21,14 +21,12 @@ import argparse
 
 import torch
 
-from bench.bench_decode import D, _bench_graph, _case, _flashinfer, _ours, _with_env
+from bench.bench_decode import (D, FLASHINFER_PATHS, _bench_graph, _case, _flashinfer, _ours,
+                                _with_env)
 
 MODES = {"triton": "PAGEDATTN_DECODE_MODE", "hip": "PAGEDATTN_HIP_DECODE_MODE"}
 PPP = {"triton": "PAGEDATTN_DECODE_PPP", "hip": "PAGEDATTN_HIP_DECODE_PPP"}
 BASE = {"triton": {}, "triton_tl": {"PAGEDATTN_DECODE_VARIANT": "triton"}, "hip": {}}
-# FlashInfer's batch decode (bench_decode's three paths), planned from the batch's lengths
-PEERS = {"flashinfer": {}, "flashinfer_fa2": {"backend": "fa2"},
-         "flashinfer_cuda": {"tensor_cores": False}}
 
 
 def _lengths(a, gen):
@@ -80,9 +78,10 @@ def main():
         kb = keys * hkv * D * 2 * 2 / 1e3  # K + V bytes visible, in kB: kB / us = GB/s
         out = torch.empty_like(q)
         for be in a.backends.split(","):
-            if be in PEERS:  # FlashInfer: its own plan (from the lengths, untimed); one cell
+            if be in FLASHINFER_PATHS:  # its own plan (from the lengths, untimed); one cell
                 try:
-                    t = [_bench_graph(_flashinfer(q, k, v, table, lens, a.block, **PEERS[be]))]
+                    fi = _flashinfer(q, k, v, table, lens, a.block, **FLASHINFER_PATHS[be])
+                    t = [_bench_graph(fi)]
                 except Exception as e:  # not installed, or no prebuilt kernel for this case
                     print(f"<!-- {be}: {type(e).__name__}: {str(e)[:200]} -->", flush=True)
                     continue
