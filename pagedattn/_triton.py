@@ -30,21 +30,6 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def maxnreg_option(env: str, device) -> dict:
-    """Launch options for a register cap read from the environment variable ``env`` (A/B runs):
-    ``{"maxnreg": N}`` on NVIDIA, ``{}`` when unset, on AMD and in the interpreter (neither takes
-    one). A value outside [24, 255] raises before any launch."""
-    raw = os.environ.get(env, "")
-    if not raw:
-        return {}
-    if not raw.isdigit() or not 24 <= int(raw) <= 255:
-        raise ValueError(f"{env}={raw!r}: expected an integer in [24, 255]")
-    import torch
-    if device.type != "cuda" or getattr(torch.version, "hip", None):
-        return {}
-    return {"maxnreg": int(raw)}
-
-
 def next_pow2(n: int) -> int:
     """The smallest power of 2 >= n, for n >= 1 (``triton.next_power_of_2``, without importing
     triton): the host-side tile sizing of the decode and extend launchers."""

@@ -3,7 +3,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from pagedattn import _env, dispatch
+from pagedattn import config, dispatch
 from pagedattn import validation as V
 from pagedattn.layouts import check_layout
 
@@ -104,7 +104,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 _ROUTES = {}  # backend choices of GPU calls by metadata (_route)
-_ROUTE_ENV = _env.names("PAGEDATTN_BACKEND", "PAGEDATTN_PARTITION_SIZE", "TRITON_INTERPRET")
+_ROUTE_ENV = config.names("PAGEDATTN_BACKEND", "PAGEDATTN_PARTITION_SIZE", "TRITON_INTERPRET")
 
 
 def _route(op, backend, key, **facts):
@@ -113,13 +113,12 @@ def _route(op, backend, key, **facts):
 
     The choice is a function of what the key holds with the op and backend: the tensors' shapes,
     strides, dtypes, device and 16-byte alignment (backends' ``supports()`` read no data), the
-    option kinds, and here the environment dispatch reads. Host cost of a GPU eager decode call
-    (H200 host, session 13): resolve was ~40 us of ~60 for the public checks and the choice
-    together. Tests start from an empty memo (conftest); ``dispatch.cache_clear`` empties it.
+    option kinds, and here the environment dispatch reads. On a GPU eager decode call resolve
+    takes ~40 us of the ~60 that the public checks and the choice take together. Tests start from an empty memo (conftest); ``dispatch.cache_clear`` empties it.
     """
     if key is None:
         return dispatch.resolve(op, backend, **facts)
-    key = (op, backend, key, _env.values(_ROUTE_ENV), dispatch.generation())
+    key = (op, backend, key, config.values(_ROUTE_ENV), dispatch.generation())
     route = _ROUTES.get(key)
     if route is None:
         route = dispatch.resolve(op, backend, **facts)

@@ -122,6 +122,23 @@ def get(name: str) -> Any:
         return value
 
 
+def names(*env_names) -> tuple:
+    """``env_names`` (declared ones, or other processes' variables such as TRITON_INTERPRET) in
+    the form :func:`values` takes."""
+    for n in env_names:
+        if n.startswith(PREFIX) and n not in DECLARED:
+            raise KeyError(n)
+    return tuple(n.encode() for n in env_names) if _DATA is not None else env_names
+
+
+def values(encoded_names) -> tuple:
+    """The raw values (None when unset; bytes on POSIX) of names prepared by :func:`names`: for
+    memo keys and comparisons, never for parsing (use :func:`get`)."""
+    if _DATA is not None:
+        return tuple(map(_DATA.get, encoded_names))
+    return tuple(map(os.environ.get, encoded_names))
+
+
 def is_set(name: str) -> bool:
     """Whether the declared variable ``name`` is present in the environment."""
     DECLARED[name]  # KeyError for an undeclared name

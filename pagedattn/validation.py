@@ -6,13 +6,12 @@ read tensors back to the host, so they run when ``validate`` is true: by default
 backend, and for GPU backends when ``validate=True`` or ``PAGEDATTN_VALIDATE=1``.
 """
 import math
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from pagedattn import _env
+from pagedattn import config
 from pagedattn import layouts as L
 from pagedattn.reference import FP8_DTYPES, is_fp8
 
@@ -47,13 +46,10 @@ def check_shape(name: str, t: torch.Tensor, shape) -> None:
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
-_VALIDATE_ENV = _env.names("PAGEDATTN_VALIDATE")
-
-
 def validate_enabled(validate: Optional[bool], backend: str) -> bool:
     if validate is not None:
         return bool(validate)
-    if _env.values(_VALIDATE_ENV)[0] not in (None, "", "0", b"", b"0"):
+    if config.get("PAGEDATTN_VALIDATE"):
         return True
     return backend == "torch"
 
@@ -275,12 +271,9 @@ def attn_options(*, q, g, kv_dtype, scale, k_scale, v_scale, sliding_window, log
                        _norm_head_vec("sinks", sinks, hq, dev))
 
 
-_PARTITION_ENV = _env.names("PAGEDATTN_PARTITION_SIZE")
-
-
 def check_partition_size(partition_size):
-    if partition_size is None and _env.values(_PARTITION_ENV)[0]:  # set and not empty
-        partition_size = int(os.environ["PAGEDATTN_PARTITION_SIZE"])
+    if partition_size is None:
+        partition_size = config.get("PAGEDATTN_PARTITION_SIZE")
     if partition_size is not None:
         if isinstance(partition_size, bool) or not isinstance(partition_size, int) \
                 or partition_size <= 0 or partition_size & (partition_size - 1):

@@ -25,10 +25,10 @@ if triton_available():
     import importlib
 
     from pagedattn.triton_kernels import _MODULES
-    from pagedattn.triton_kernels import _extend_variants, decode
+    from pagedattn.triton_kernels import _extend_loop, decode
     for _name in _MODULES.values():
         importlib.import_module(_name)
-    _extend_variants.gluon_kernel()  # the Gluon modules too, where this triton runs them
+    _extend_loop.gluon_kernel()  # the Gluon modules too, where this triton runs them
     decode.gluon_kernel()
 
 from hypothesis import HealthCheck, settings  # noqa: E402

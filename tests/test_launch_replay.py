@@ -144,7 +144,7 @@ def test_float_scales_become_one_device_tensor(monkeypatch):
 
 def test_replay_off_on_cpu_and_by_knob(monkeypatch):
     assert not R.enabled(torch.device("cpu"))
-    monkeypatch.setenv(R.ENV, "0")
+    monkeypatch.setenv("PAGEDATTN_LAUNCH_REPLAY", "0")
     assert not R.enabled(torch.device("cuda"))
 
 
@@ -156,7 +156,7 @@ REPLAY_CASES = {  # name: (Hq, Hkv, block, layout, kv dtype, q_len, lens, option
     "gqa split (Triton kernel)": (32, 8, 16, "bhsd", torch.bfloat16, 1, [1, 700, 2049], {}, {}),
     "mha split (Gluon kernel)": (8, 8, 16, "bshd", torch.bfloat16, 1, [5, 1024, 3000], {}, {}),
     "gqa p64 one pass": (32, 8, 64, "bhsd", torch.float16, 1, [64, 65, 999] * 20, {},
-                         {"PAGEDATTN_DECODE_MODE": "one_pass"}),
+                         {"PAGEDATTN_DEV_DECODE_MODE": "one_pass"}),
     "fp8 float scales, lse": (16, 4, 16, "vllm", torch.float8_e4m3fn, 1, [9, 1500], {}, {}),
     "fp8 one scale for k and v": (16, 4, 16, "bhsd", torch.float8_e5m2, 1, [9, 1500],
                                   {"one_scale": True}, {}),
@@ -213,7 +213,7 @@ def test_gpu_replay_equals_the_normal_path(case, device, monkeypatch):
     out = torch.full_like(q, float("nan"))
     got, lse = _call(b, q, kw, out)
     assert n[0] == 1, "the second call was not replayed"
-    monkeypatch.setenv(R.ENV, "0")
+    monkeypatch.setenv("PAGEDATTN_LAUNCH_REPLAY", "0")
     want, want_lse = _call(b, q, kw, torch.full_like(q, float("nan")))
     assert n[0] == 1
     assert torch.equal(got, want) and torch.equal(lse, want_lse)
@@ -247,7 +247,7 @@ def test_gpu_replay_keeps_misaligned_views_apart(device, monkeypatch):
     assert torch.equal(_call(b, q_off, kw)[0], off) and torch.equal(_call(b, q, kw)[0], aligned)
     assert n[0] == 2
     torch.testing.assert_close(off, aligned, atol=2e-2, rtol=2e-2)  # two kernels, one answer
-    monkeypatch.setenv(R.ENV, "0")
+    monkeypatch.setenv("PAGEDATTN_LAUNCH_REPLAY", "0")
     assert torch.equal(_call(b, q_off, kw)[0], off)
 
 
@@ -287,17 +287,17 @@ def test_gpu_decode_route_is_remembered_per_metadata_and_environment(device, mon
 
 
 def test_env_values_follow_the_environment(monkeypatch):
-    """pagedattn._env (the per-call knob reads of the keys above) sees setenv and delenv."""
-    from pagedattn import _env
-    key = _env.names("PAGEDATTN_TEST_KNOB_A", "PAGEDATTN_TEST_KNOB_B")
-    monkeypatch.delenv("PAGEDATTN_TEST_KNOB_A", raising=False)
-    monkeypatch.delenv("PAGEDATTN_TEST_KNOB_B", raising=False)
-    assert _env.values(key) == (None, None)
-    monkeypatch.setenv("PAGEDATTN_TEST_KNOB_B", "x")
-    a, b = _env.values(key)
+    """config.values (the per-call reads behind the keys above) sees setenv and delenv."""
+    from pagedattn import config
+    key = config.names("PAGEDATTN_DEV_DECODE_MODE", "PAGEDATTN_DEV_DECODE_KERNEL")
+    monkeypatch.delenv("PAGEDATTN_DEV_DECODE_MODE", raising=False)
+    monkeypatch.delenv("PAGEDATTN_DEV_DECODE_KERNEL", raising=False)
+    assert config.values(key) == (None, None)
+    monkeypatch.setenv("PAGEDATTN_DEV_DECODE_KERNEL", "x")
+    a, b = config.values(key)
     assert a is None and b in ("x", b"x")
-    monkeypatch.delenv("PAGEDATTN_TEST_KNOB_B")
-    assert _env.values(key) == (None, None)
+    monkeypatch.delenv("PAGEDATTN_DEV_DECODE_KERNEL")
+    assert config.values(key) == (None, None)
 
 
 @pytest.mark.gpu
@@ -313,7 +313,7 @@ def test_gpu_store_kv_replay_equals_the_normal_path(kv, device, monkeypatch):
     scales = dict(k_scale=0.5, v_scale=2.0) if kvd != torch.bfloat16 else {}
 
     def store(t, replay):
-        monkeypatch.setenv(R.ENV, "1" if replay else "0")
+        monkeypatch.setenv("PAGEDATTN_LAUNCH_REPLAY", "1" if replay else "0")
         kc, vc = pa.make_kv_cache(64, 16, 4, 128, layout="vllm", dtype=kvd, device=device)
         kc.view(torch.uint8).fill_(0x7F)  # poison: every written byte must come from k/v
         vc.view(torch.uint8).fill_(0x7F)

@@ -194,8 +194,9 @@ def test_many_partitions_combine_bitwise_across_launch_shapes(device, mode_guard
     q = torch.randn(2, 2, 32, generator=gen).to(device=device)
     outs = {}
     # states per load, warps, column blocks (the default: 32, 1, 4)
-    for combine in ("32,4,1", "8,1,4", "16,2,2", "4,1,8", "32,1,4", "64,1,1"):
-        monkeypatch.setenv("PAGEDATTN_DECODE_COMBINE", combine)
+    for combine in ((32, 4, 1, 1), (8, 1, 4, 1), (16, 2, 2, 1), (4, 1, 8, 1), (32, 1, 4, 1),
+                    (64, 1, 1, 1)):
+        monkeypatch.setattr(DC, "SPLIT_COMBINE", combine)
         outs[combine] = _decode(b, q, mode="split", partition_size=part, return_lse=True)
     one, one_lse = _decode(b, q, mode="one_pass", partition_size=part, return_lse=True)
     for combine, (out, lse) in outs.items():
@@ -203,11 +204,11 @@ def test_many_partitions_combine_bitwise_across_launch_shapes(device, mode_guard
     _check(b, q, one, one_lse, lens, 1, torch.float32)
 
 
-@pytest.mark.parametrize("ppp", ["2", "3", "64"])
+@pytest.mark.parametrize("ppp", [2, 3, 64])
 @pytest.mark.parametrize("window", [None, 150], ids=["full", "window"])
 def test_split_programs_owning_several_partitions_bitwise(device, mode_guard, monkeypatch, ppp,
                                                           window):
-    """A split program that walks several partitions (PAGEDATTN_DECODE_PPP) parks each one's
+    """A split program that walks several partitions (decode.PPP) parks each one's
     state exactly as one program per partition would: outputs equal the one-pass launch bit for
     bit, including sequences with one or no partition and partitions wholly before a window."""
     gen = torch.Generator().manual_seed(23)
@@ -217,51 +218,20 @@ def test_split_programs_owning_several_partitions_bitwise(device, mode_guard, mo
     q = torch.randn(4, 4, 32, generator=gen).to(device=device)
     o = dict(sliding_window=window, sinks=(torch.randn(4, generator=gen) + 2).to(device))
     one, one_lse = _decode(b, q, mode="one_pass", partition_size=16, return_lse=True, **o)
-    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
+    monkeypatch.setattr(PD, "PPP", ppp)
     out, lse = _decode(b, q, mode="split", partition_size=16, return_lse=True, **o)
     assert torch.equal(out, one) and torch.equal(lse, one_lse)
     _check(b, q, one, one_lse, lens, 1, torch.float32, **o)
 
 
-@pytest.mark.parametrize("name,value", [("PAGEDATTN_DECODE_MAXNREG", "300"),
-                                        ("PAGEDATTN_DECODE_MAXNREG", "lots"),
-                                        ("PAGEDATTN_DECODE_FP8_DOT", "fp8"),
-                                        ("PAGEDATTN_DECODE_ROWSUM", "sometimes"),
-                                        ("PAGEDATTN_DECODE_CONFIG", "32,4"),
-                                        ("PAGEDATTN_DECODE_CONFIG", "24,4,3"),
-                                        ("PAGEDATTN_DECODE_CONFIG", "32,4,3,4"),
-                                        ("PAGEDATTN_DECODE_CONFIG", "32,4,0"),
-                                        ("PAGEDATTN_DECODE_COMBINE", "12,1"),
-                                        ("PAGEDATTN_DECODE_COMBINE", "a,b"),
-                                        ("PAGEDATTN_DECODE_FOLD", "first")])
-def test_decode_tuning_knobs_reject_bad_values(device, mode_guard, monkeypatch, name, value):
-    """A tuning knob with a bad value is a clear error before any launch, not a silent default."""
-    gen = torch.Generator().manual_seed(5)
-    b = make_paged_batch([5], num_kv_heads=1, head_dim=32, block_size=16, layout="bhsd",
-                         dtype=torch.float8_e5m2, device=device, gen=gen)
-    q = torch.randn(1, 2, 32, generator=gen).to(device=device, dtype=torch.float16)
-    monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match=name):
-        _decode(b, q, mode="one_pass")
-
-
 def test_fp8_tile_sheds_a_stage_where_shared_memory_is_short(monkeypatch):
     """The fp8 128-token tile keeps 3 stages where a block may hold 99 KB (sm_86/89/120) and
     sheds one where it may not; bf16 caches keep their table config."""
-    monkeypatch.delenv("PAGEDATTN_DECODE_CONFIG", raising=False)
     cuda = torch.device("cuda")
     for limit, stages in ((99 * 1024, 3), (227 * 1024, 3), (60 * 1024, 2)):
         monkeypatch.setattr(DC, "_smem_per_block", lambda device, n=limit: n)
         assert DC._config(128, 4, 1, cuda) == (128, 4, stages), limit
     assert DC._config(128, 4, 2, cuda) == DC._CONFIGS["nvidia"][(128, 16)]
-
-
-def test_parts_per_program_rejects_bad_values(device, monkeypatch):
-    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", "0")
-    with pytest.raises(ValueError, match="PAGEDATTN_DECODE_PPP"):
-        PD._parts_per_program(64, 8, 48 * 1024, 4, torch.device(device))
-    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", "auto")
-    assert PD._parts_per_program(64, 8, 48 * 1024, 4, torch.device("cpu")) == 1
 
 
 def test_parts_per_program_counts_registers(monkeypatch):
@@ -272,17 +242,16 @@ def test_parts_per_program_counts_registers(monkeypatch):
     props = types.SimpleNamespace(multi_processor_count=132,
                                   shared_memory_per_multiprocessor=228 * 1024)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
-    monkeypatch.delenv("PAGEDATTN_DECODE_PPP", raising=False)
     cuda = torch.device("cuda", 0)
     assert PD._parts_per_program(1024, 16, 69 * 1024, 8, cuda) == 3
     assert PD._parts_per_program(1024, 16, 69 * 1024, 8, cuda, regs=128) == 4
     assert PD._parts_per_program(1024, 16, 69 * 1024, 4, cuda, regs=148) == 3
     assert PD._parts_per_program(1024, 16, 69 * 1024, 4, cuda, one=True) == 1  # the swap form
-    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", "2")  # the knob still wins
+    monkeypatch.setattr(PD, "PPP", 2)  # the test override still wins
     assert PD._parts_per_program(1024, 16, 69 * 1024, 4, cuda, one=True) == 2
     # ... but the grid's partition axis stays within CUDA's 65535
-    for env in ("1", "auto"):
-        monkeypatch.setenv("PAGEDATTN_DECODE_PPP", env)
+    for ppp in (1, None):
+        monkeypatch.setattr(PD, "PPP", ppp)
         assert PD._parts_per_program(70000, 70000, 69 * 1024, 4, cuda, one=True) == 2
         assert PD._parts_per_program(70000, 70000, 69 * 1024, 4, torch.device("cpu")) == 2
 
@@ -377,7 +346,7 @@ def test_gpu_random_grid(seed, device, mode_guard):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ppp", ["1", "auto"])
+@pytest.mark.parametrize("ppp", [1, None])
 def test_gpu_split_equals_one_pass_bitwise(device, mode_guard, monkeypatch, ppp):
     """Real sizes (bf16, 32/8, D 128, thousands of split programs, partitions of 512 and 64):
     the split launch + combine equals the one-pass launch bit for bit, whatever the number of
@@ -390,7 +359,7 @@ def test_gpu_split_equals_one_pass_bitwise(device, mode_guard, monkeypatch, ppp)
     # uniform softmax would average the values away below the bf16 tolerance)
     q = (6 * torch.randn(len(lens), 32, 128, generator=gen)).to(device=device,
                                                                  dtype=torch.bfloat16)
-    monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
+    monkeypatch.setattr(PD, "PPP", ppp)
     for part in (512, 64):
         one, one_lse = _decode(b, q, mode="one_pass", partition_size=part, return_lse=True)
         out, lse = _decode(b, q, mode="split", partition_size=part, return_lse=True)
@@ -404,8 +373,8 @@ def test_gpu_split_equals_one_pass_bitwise(device, mode_guard, monkeypatch, ppp)
 @pytest.mark.parametrize("seed", range(6))
 def test_gpu_launch_shapes_bitwise_with_sinks(seed, device, mode_guard, monkeypatch):
     """Split (any partitions per program) == one pass, bit for bit, with sinks near the rows'
-    maxima, where the sink term sets the last bits of out and lse: session 9 caught the combine
-    and the decode kernel rounding ``sink * log2(e) - m`` differently (the compiler fused it in
+    maxima, where the sink term sets the last bits of out and lse: it catches the combine and
+    the decode kernel rounding ``sink * log2(e) - m`` differently (the compiler fused it in
     one of them only), one case in a few hundred with sinks ~ N(0, 1)."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -421,8 +390,8 @@ def test_gpu_launch_shapes_bitwise_with_sinks(seed, device, mode_guard, monkeypa
     o = dict(sinks=(torch.randn(hq, generator=gen) + 3).to(device),
              sliding_window=rng.choice([None, 700]), logit_cap=rng.choice([None, 20.0]))
     one, one_lse = _decode(b, q, mode="one_pass", partition_size=256, return_lse=True, **o)
-    for ppp in ("1", "3", "auto"):
-        monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
+    for ppp in (1, 3, None):
+        monkeypatch.setattr(PD, "PPP", ppp)
         out, lse = _decode(b, q, mode="split", partition_size=256, return_lse=True, **o)
         bad = (out != one).any(-1).nonzero()[:5].tolist()
         assert torch.equal(out, one), f"ppp {ppp}: (seq, head) differing: {bad}"

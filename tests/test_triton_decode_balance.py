@@ -243,13 +243,13 @@ def test_default_rule_is_balanced_when_a_sequence_spans_partitions(device, launc
         pa.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, layout="bhsd",
                         backend="triton", partition_size=16)
     assert seen == ["balance", "one_pass"]
-    monkeypatch.setenv("PAGEDATTN_DECODE_MODE", "spread")
-    with pytest.raises(ValueError, match="PAGEDATTN_DECODE_MODE"):
+    monkeypatch.setenv("PAGEDATTN_DEV_DECODE_MODE", "spread")
+    with pytest.raises(ValueError, match="PAGEDATTN_DEV_DECODE_MODE"):
         real(1, 1, device, 4)
-    monkeypatch.setenv("PAGEDATTN_DECODE_MODE", "count")  # the count rule, on request
+    monkeypatch.setenv("PAGEDATTN_DEV_DECODE_MODE", "count")  # the count rule, on request
     assert real(1, 1, device, 4) == "split" and real(1, 1, device, 1) == "one_pass"
-    monkeypatch.setenv("PAGEDATTN_DECODE_MODE", "balance")
-    assert real(1, 1, device, 4, True) == "split", "a form with no balanced launch (ws)"
+    monkeypatch.setenv("PAGEDATTN_DEV_DECODE_MODE", "balance")
+    assert real(1, 1, device, 4, True) == "split", "a grid past CUDA's limit: the count rule"
 
 
 MIXES = {  # lengths: a long sequence among short ones; even batches that fill the device
@@ -276,7 +276,7 @@ def test_gpu_balanced_launch(device, launch_guard, monkeypatch, heads, bs, varia
     """Real sizes, bf16, the device's own (FILL_N, SLOTS, FINE), the Triton kernel and (auto,
     sm_90) the Gluon forms (swap for MHA, rows for 64-token pages): outputs match the oracle
     and are bitwise the one-pass launch's; on the ragged mix the long sequence is cut."""
-    monkeypatch.setenv(PD.VARIANT_ENV, variant)
+    monkeypatch.setenv("PAGEDATTN_DEV_DECODE_KERNEL", variant)
     hq, hkv = heads
     lens = MIXES[mix]
     gen = torch.Generator().manual_seed(hq + hkv + bs + len(lens))

@@ -11,56 +11,27 @@ from test_triton_decode import _check, _decode
 
 PD = importlib.import_module("pagedattn.triton_kernels.decode")
 
-def test_decode_variant_knobs_reject_bad_values(monkeypatch):
-    monkeypatch.setenv(PD.VARIANT_ENV, "fast")
-    with pytest.raises(ValueError, match=PD.VARIANT_ENV):
+KERNEL_ENV = "PAGEDATTN_DEV_DECODE_KERNEL"
+
+
+def test_decode_kernel_override_and_forms(monkeypatch):
+    """The internal kernel override is validated; the Gluon forms follow the rows and the tile:
+    swap for one row (MHA decode) on 64-token tiles, with one partition per split program,
+    rows otherwise."""
+    monkeypatch.setenv(KERNEL_ENV, "fast")
+    with pytest.raises(ValueError, match=KERNEL_ENV):
         PD.variant()
     for name in ("gluon", "triton", "auto"):
-        monkeypatch.setenv(PD.VARIANT_ENV, name)
+        monkeypatch.setenv(KERNEL_ENV, name)
         assert PD.variant() == name
-    monkeypatch.delenv(PD.VARIANT_ENV)
+    monkeypatch.delenv(KERNEL_ENV)
     assert PD.variant() == "auto"
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from pagedattn.triton_kernels import _decode_gluon as G
-    for bad in ("64", "64,1", "48,3", "x,y"):
-        monkeypatch.setenv(G.ENV_TILE, bad)
-        with pytest.raises(ValueError, match=G.ENV_TILE):
-            G.tile()
-    monkeypatch.setenv(G.ENV_EARLY, "yes")
-    with pytest.raises(ValueError, match=G.ENV_EARLY):
-        G.early()
-    monkeypatch.delenv(G.ENV_EARLY)
-    assert G.early()
-    monkeypatch.setenv(G.ENV_FORM, "fast")
-    with pytest.raises(ValueError, match=G.ENV_FORM):
-        G.form(4, 64)
-    for name in ("swap", "ws"):
-        monkeypatch.setenv(G.ENV_FORM, name)
-        # more rows, or tiles under the wgmma's 64 M rows, keep decode_sm90
-        assert G.form(32, 64) == G.form(4, 128) == name
-        assert G.form(33, 64) == G.form(4, 32) == "rows"
-    assert G.occupancy(4, 64) == (8, 128)  # ws: a producer warpgroup, 128 registers at launch
-    monkeypatch.setenv(G.ENV_FORM, "swap")
-    assert G.occupancy(4, 64) == (4, None)
-    monkeypatch.delenv(G.ENV_FORM)
-    assert G.form(4, 64) == "rows"
-    # the default: swap for one row (MHA decode) on 64-token tiles, with one partition per
-    # split program; the knob overrides
     assert G.form(1, 64) == G.form(1, 128) == "swap" and G.one_partition(1, 64)
-    assert G.form(1, 32) == G.form(2, 64) == "rows" and not G.one_partition(2, 64)
-    monkeypatch.setenv(G.ENV_FORM, "rows")
-    assert G.form(1, 64) == "rows" and not G.one_partition(1, 64)
-    monkeypatch.delenv(G.ENV_FORM)
-    monkeypatch.setenv(G.ENV_PIPE, "on")
-    with pytest.raises(ValueError, match=G.ENV_PIPE):
-        G.pipe(3)
-    monkeypatch.setenv(G.ENV_PIPE, "1")
-    assert G.pipe(3) and not G.pipe(2)  # a slot for the P V in flight
-    monkeypatch.setenv(G.ENV_EARLY, "0")
-    assert not G.pipe(3)  # the pipelined loop is the EARLY one
-    monkeypatch.delenv(G.ENV_EARLY)
-    monkeypatch.delenv(G.ENV_PIPE)
-    assert not G.pipe(3)
+    assert G.form(1, 32) == G.form(2, 64) == G.form(4, 64) == "rows"
+    assert not G.one_partition(2, 64)
+    assert G.occupancy(4, 64) == (4, None)
 
 
 def test_decode_auto_variant_rule(monkeypatch):
@@ -77,12 +48,12 @@ def test_decode_auto_variant_rule(monkeypatch):
         gk, tile = PD._gluon(call, None, None, hq // hkv, 512, cuda)
         assert (tile == (64, 2)) == (gk is fake)
         return gk is fake
-    monkeypatch.delenv(PD.VARIANT_ENV, raising=False)
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
     assert picked(8, 8, 16) and picked(8, 2, 64) and picked(8, 2, 128)
     assert not picked(8, 2, 16) and not picked(8, 2, 32)
-    monkeypatch.setenv(PD.VARIANT_ENV, "gluon")
+    monkeypatch.setenv(KERNEL_ENV, "gluon")
     assert picked(8, 2, 16)
-    monkeypatch.setenv(PD.VARIANT_ENV, "triton")
+    monkeypatch.setenv(KERNEL_ENV, "triton")
     assert not picked(8, 8, 64)
     assert PD._gluon(NS(q=torch.empty(1, 8, 8), geom=NS(num_kv_heads=8, block_size=64)), None,
                      None, 1, 512, NS(type="cpu")) == (None, None)
@@ -164,30 +135,14 @@ GLUON_CASES = [  # dtype, layout, (Hq, Hkv), D, block, q_len, partition, lens
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
-@pytest.mark.parametrize("tile", ["", "rows", "32,3", "32,4", "64,3", "128,2", "16,4", "late",
-                                  "late-32,3", "swap", "swap-64,3", "swap-late-128,2", "ws",
-                                  "ws-64,3", "ws-128,2", "rows-pipe-64,3", "rows-pipe-128,3"])
-def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
-    """The Gluon kernel against the float64 oracle over dtypes, layouts, groups 1-64, D 64/128,
-    blocks 1-256, speculative q_len, NaN-poisoned pages and table slack, every tile (knob);
-    split (1 and several partitions per program) == one pass, bit for bit; it really ran."""
+def test_gpu_gluon_decode(case, device, mode_guard, monkeypatch):
+    """The Gluon kernel (both forms: swap for MHA, rows otherwise) against the float64 oracle
+    over dtypes, layouts, groups 1-64, D 64/128, blocks 1-256, speculative q_len, NaN-poisoned
+    pages and table slack; split (1 and several partitions per program) == one pass, bit for
+    bit; it really ran."""
     qd, layout, (hq, hkv), d, bs, q_len, part, lens = GLUON_CASES[case]
-    knobs = tile.split("-")  # "late": refill after the wait; "rows", "swap", "ws": the kernel
-    # form (none: the default, swap for MHA)
-    monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_EARLY", "0" if "late" in knobs else "1")
-    forms = [k for k in knobs if k in ("rows", "swap", "ws")]
-    if forms:
-        monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_FORM", forms[0])
-    else:
-        monkeypatch.delenv("PAGEDATTN_DECODE_GLUON_FORM", raising=False)
-    monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_PIPE", "1" if "pipe" in knobs else "0")
-    tile = "".join(k for k in knobs if "," in k)
-    if tile:
-        monkeypatch.setenv("PAGEDATTN_DECODE_GLUON_TILE", tile)
-    if part is not None and tile and part % int(tile.split(",")[0]):
-        part = 512
     n = _gluon_count(monkeypatch)
-    monkeypatch.setenv(PD.VARIANT_ENV, "gluon")
+    monkeypatch.setenv(KERNEL_ENV, "gluon")
     gen = torch.Generator().manual_seed(100 + case)
     b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
                          dtype=qd, device=device, gen=gen, exact_capacity=case % 2 == 0)
@@ -195,8 +150,8 @@ def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
     q = (3 * torch.randn(shape, generator=gen)).to(device=device, dtype=qd)
     one, one_lse = _decode(b, q, mode="one_pass", partition_size=part, return_lse=True)
     assert n[0] == 1, "the Gluon kernel did not run"
-    for ppp in ("1", "2", "auto"):
-        monkeypatch.setenv("PAGEDATTN_DECODE_PPP", ppp)
+    for ppp in (1, 2, None):
+        monkeypatch.setattr(PD, "PPP", ppp)
         out = torch.full_like(q, float("nan"))
         _, lse = _decode(b, q, mode="split", partition_size=part, return_lse=True, out=out)
         bad = (out != one).flatten(0, -3).any(-1).nonzero()[:5].tolist()
@@ -208,7 +163,7 @@ def test_gpu_gluon_decode(case, tile, device, mode_guard, monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_decode_default_picks_gluon_for_mha_or_long_pages(device, mode_guard, monkeypatch):
-    """The default (PAGEDATTN_DECODE_VARIANT=auto) runs the Gluon kernel for MHA and for pages
+    """The default (PAGEDATTN_DEV_DECODE_KERNEL=auto) runs the Gluon kernel for MHA and for pages
     of >= 64 tokens, the Triton kernel for GQA on shorter pages; ``triton`` never runs it."""
     n = _gluon_count(monkeypatch)
     gen = torch.Generator().manual_seed(5)
@@ -216,9 +171,9 @@ def test_gpu_decode_default_picks_gluon_for_mha_or_long_pages(device, mode_guard
                                      ((8, 2), 64, None, 1), ((8, 8), 16, "triton", 0),
                                      ((8, 2), 16, "gluon", 1)):
         if env:
-            monkeypatch.setenv(PD.VARIANT_ENV, env)
+            monkeypatch.setenv(KERNEL_ENV, env)
         else:
-            monkeypatch.delenv(PD.VARIANT_ENV, raising=False)
+            monkeypatch.delenv(KERNEL_ENV, raising=False)
         b = make_paged_batch([100, 700], num_kv_heads=hkv, head_dim=128, block_size=bs,
                              layout="bhsd", dtype=torch.bfloat16, device=device, gen=gen)
         q = torch.randn(2, hq, 128, generator=gen).to(device=device, dtype=torch.bfloat16)

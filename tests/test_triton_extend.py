@@ -277,12 +277,12 @@ def test_harness_would_catch_a_zero_output(device):
         assert_attn_close(torch.zeros_like(res), res, torch.float32)
 
 
-def test_gluon_variant_elsewhere_runs_the_default(device, monkeypatch):
-    """PAGEDATTN_EXTEND_VARIANT=gluon where the Gluon kernel cannot run (here: the CPU) runs the
-    default Triton loop, correctly."""
-    from pagedattn.triton_kernels import _extend_variants as V
-    monkeypatch.setenv(V.ENV, V.GLUON)
-    assert V.requested() == V.GLUON
-    assert V.resolve(has_mask=False, has_window=False, page=4) == V.VARIANTS[V.TRITON_DEFAULT]
+def test_gluon_kernel_elsewhere_runs_the_triton_kernel(device, monkeypatch):
+    """PAGEDATTN_DEV_EXTEND_KERNEL=gluon where the Gluon kernel cannot run (here: the CPU) runs
+    the Triton kernel's one-pass loop, correctly."""
+    from pagedattn.triton_kernels import _extend_loop as V
+    monkeypatch.setenv("PAGEDATTN_DEV_EXTEND_KERNEL", "gluon")
+    assert V.kernel() == "gluon"
+    assert V.serves(has_mask=False, has_window=False, page=4)
     run_case(device, layout="bhsd", heads=(8, 2), bs=4, prefixes=[21, 0], extends=[9, 20],
              seed=71)

@@ -8,11 +8,10 @@ import pagedattn as pa
 from test_triton_extend import _cu
 
 
-def _compile_offline(target, variant="twostage", new_from_cache=True):
+def _compile_offline(target, loop="twostage", new_from_cache=True):
     """Compile the sm_90 default config (bf16, D 128, group 4, page 16) for a real target.
 
     Runs in a subprocess without TRITON_INTERPRET (the interpreter replaces @triton.jit)."""
-    from pagedattn.triton_kernels._extend_variants import VARIANTS
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -24,7 +23,7 @@ def _compile_offline(target, variant="twostage", new_from_cache=True):
                CAUSAL=True,
                NEW_FROM_CACHE=new_from_cache, HAS_MASK=False, HAS_WINDOW=False, HAS_CAP=False,
                HAS_ALIBI=False, HAS_SINKS=False, KV_FP8=False, RETURN_LSE=True, IEEE=False,
-               VARIANT=VARIANTS[variant])
+               ONE_LOOP=loop == "onepass")
     ptr = {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32", "mask_ptr": "*u8",
            "mask_indptr_ptr": "*i32", "lse_ptr": "*fp32", "kscale_ptr": "*fp32",
            "vscale_ptr": "*fp32", "alibi_ptr": "*fp32", "sinks_ptr": "*fp32"}
@@ -49,7 +48,7 @@ def _compile_offline(target, variant="twostage", new_from_cache=True):
                            options=dict(num_warps=8, num_stages=3))
         assert "wgmma" in k.asm["ptx"], "sm_90 dots must use wgmma"
         assert "async_copy_global_to_local" in k.asm["ttgir"], "K/V loads must be pipelined"
-        if variant.startswith("pipe"):  # the point of the carried block ids (NOTES_extend.md)
+        if loop == "onepass":  # the point of the carried block ids (_extend_loop.py)
             assert "{num = 2 : i32}" in k.asm["ttgir"], "K/V must stay two tiles in flight"
     else:
         triton.compile(src, target=GPUTarget("hip", arch, 64),
@@ -57,19 +56,17 @@ def _compile_offline(target, variant="twostage", new_from_cache=True):
                                     matrix_instr_nonkdim=16))
 
 
-@pytest.mark.parametrize("target,variant", [("cuda:90", "twostage"), ("hip:gfx942", "twostage")]
-                         + [("cuda:90", v)
-                            for v in ("onepass", "pages", "pipe", "pipe_fma", "early")]
-                         + [("hip:gfx942", "pipe_fma"), ("hip:gfx942", "early"),
-                            ("cuda:90", "pipe_fma+k_new"), ("cuda:90", "early+k_new")])
-def test_kernel_compiles_for_real_targets(target, variant):
+@pytest.mark.parametrize("target,loop", [("cuda:90", "twostage"), ("hip:gfx942", "twostage"),
+                                         ("cuda:90", "onepass"), ("hip:gfx942", "onepass"),
+                                         ("cuda:90", "onepass+k_new")])
+def test_kernel_compiles_for_real_targets(target, loop):
     """The interpreter skips the real compiler (it accepted a non-constexpr global in jit code
     that the compiler rejects): compile offline for sm_90 and gfx942, no GPU needed."""
     triton = pytest.importorskip("triton")
     plugin = {"cuda": "nvidia", "hip": "amd"}[target.split(":")[0]]
     if plugin not in getattr(triton.backends, "backends", {}):
         pytest.skip(f"this triton build has no {plugin} backend")
-    name, _, k_new = variant.partition("+")
+    name, _, k_new = loop.partition("+")
     _run_offline(f"_compile_offline({target!r}, {name!r}, {not k_new})")
 
 
@@ -88,7 +85,7 @@ def _run_offline(call: str):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def _compile_gluon_offline(head_dim, causal, ws):
+def _compile_gluon_offline(head_dim, causal):
     """Compile the Gluon sm_90 kernel (bf16, group 4, page 16) with this triton; check that it
     uses async wgmma and cp.async, fits shared memory and (cuobjdump present) does not spill."""
     import re
@@ -97,13 +94,11 @@ def _compile_gluon_offline(head_dim, causal, ws):
 
     from pagedattn.triton_kernels import _extend_gluon as G
     from pagedattn.triton_kernels import _extend_gluon_ws as GW
-    k = GW.extend_fwd_sm90_ws if ws else G.extend_fwd_sm90
-    warps = G.NUM_WARPS // 2 if ws == 2 else G.NUM_WARPS
+    k = GW.extend_fwd_sm90_ws
+    warps = G.NUM_WARPS // 2
     cst = dict(GROUP=4, GROUP_P=4, HEAD_DIM=head_dim, PAGE=16, BLOCK_M=G.BLOCK_M,
-               BLOCK_N=G.BLOCK_N, CAUSAL=causal, RETURN_LSE=True, LOOP_FENCE=False,
-               num_warps=warps)
-    if ws:
-        cst.update(P_REGS=G.P_REGS, SPLIT=ws == 2, C_REGS=G.C_REGS)
+               BLOCK_N=G.BLOCK_N, CAUSAL=causal, RETURN_LSE=True, num_warps=warps,
+               P_REGS=G.P_REGS, C_REGS=G.C_REGS)
     ck = compile_sm90(k, cst, {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32",
                                "lse_ptr": "*fp32"}, warps)
     assert "wgmma.mma_async" in ck.asm["ptx"]
@@ -113,30 +108,28 @@ def _compile_gluon_offline(head_dim, causal, ws):
     res = resource_usage(ck)
     if res is not None:
         assert "STACK:0" in res and "LOCAL:0" in res, f"register spills: {res}"
-    if ws:  # both roles got their registers (setmaxnreg): 200 for the consumers
-        ptx = ck.asm["ptx"]
-        assert re.search(rf"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32 \t{G.P_REGS};", ptx)
-        # each consumer partition releases a slot from one elected thread: the empty barriers
-        # count 1 or 2 (a count of 256 deadlocked the H200, session 11 call 5)
-        assert "mbarrier.init.shared::cta.b64 [%r" in ptx
-        counts = [ln.rsplit(",", 1)[1].strip(" ;") for ln in ptx.splitlines()
-                  if "mbarrier.init" in ln]
-        assert set(counts) == {"128", str(ws)}, counts
+    # both roles got their registers (setmaxnreg): 200 for the consumers
+    ptx = ck.asm["ptx"]
+    assert re.search(rf"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32 \t{G.P_REGS};", ptx)
+    # each consumer partition releases a slot from one elected thread: the empty barriers count
+    # 2, one arrival per consumer (a count of 256, one per thread, deadlocks the H200)
+    assert "mbarrier.init.shared::cta.b64 [%r" in ptx
+    counts = [ln.rsplit(",", 1)[1].strip(" ;") for ln in ptx.splitlines() if "mbarrier.init" in ln]
+    assert set(counts) == {"128", "2"}, counts
 
 
-@pytest.mark.parametrize("head_dim,causal,ws", [(128, True, 1), (64, False, 1), (128, True, 2),
-                                               (128, True, 0)])
-def test_gluon_kernel_compiles_for_sm90(head_dim, causal, ws):
+@pytest.mark.parametrize("head_dim,causal", [(128, True), (64, False), (128, False)])
+def test_gluon_kernel_compiles_for_sm90(head_dim, causal):
     """The Gluon kernel is written for triton 3.6's Gluon API (the H200's): compile it offline
     under that triton (``make test-gpu-triton``); other versions skip (the launcher does not use
     the kernel under them)."""
     triton = pytest.importorskip("triton")
-    from pagedattn.triton_kernels import _extend_variants as V
+    from pagedattn.triton_kernels import _extend_loop as V
     if not triton.__version__.startswith(V.GLUON_TRITON):
         pytest.skip(f"triton {triton.__version__}: the Gluon kernel targets {V.GLUON_TRITON}x")
     if "nvidia" not in getattr(triton.backends, "backends", {}):
         pytest.skip("this triton build has no nvidia backend")
-    _run_offline(f"_compile_gluon_offline({head_dim}, {causal}, {ws})")
+    _run_offline(f"_compile_gluon_offline({head_dim}, {causal})")
 
 
 def test_gluon_unsupported_reasons(monkeypatch):

@@ -84,31 +84,19 @@ def test_gpu_overflow_cache_offsets(device, layout):
 
 @pytest.mark.gpu
 @BF16_SKIP
-@pytest.mark.parametrize("variant", ["twostage", "onepass", "pages", "pipe", "pipe_fma", "early"])
-def test_gpu_variant_bf16_real_sizes(device, monkeypatch, variant):
-    """Each A/B loop variant at the default GPU tiles (128 x 128): page 16 and page 1."""
-    monkeypatch.setenv("PAGEDATTN_EXTEND_VARIANT", variant)
+@pytest.mark.parametrize("window", [None, 300], ids=["one-pass-loop", "two-stage-loop"])
+def test_gpu_triton_loops_bf16_real_sizes(device, monkeypatch, window):
+    """The Triton kernel's two loops at the default GPU tiles (128 x 128, 64-key masked tiles on
+    sm_90): page 16 and page 1; the Gluon kernel kept out."""
+    monkeypatch.setenv("PAGEDATTN_DEV_EXTEND_KERNEL", "triton")
+    opts = {} if window is None else {"sliding_window": window}
     for bs in (16, 1):
         run_case(device, layout="bhsd", dtype=torch.bfloat16, heads=(32, 8), d=128, bs=bs,
-                 prefixes=[1000, 0, 517, 64], extends=[300, 257, 1, 129], seed=23)
-
-
-@pytest.mark.gpu
-@BF16_SKIP
-@pytest.mark.parametrize("variant", ["pipe_fma", "early"])
-@pytest.mark.parametrize("masked_n", ["64", "32"])
-def test_gpu_variant_narrow_masked_tiles(device, monkeypatch, variant, masked_n):
-    """Masked (diagonal) tiles narrower than the 128-key unmasked ones (PAGEDATTN_EXTEND_MASKED_N):
-    prefixes on and off the tile grid, page 16 and page 1."""
-    monkeypatch.setenv("PAGEDATTN_EXTEND_VARIANT", variant)
-    monkeypatch.setenv("PAGEDATTN_EXTEND_MASKED_N", masked_n)
-    for bs in (16, 1):
-        run_case(device, layout="bhsd", dtype=torch.bfloat16, heads=(32, 8), d=128, bs=bs,
-                 prefixes=[1000, 0, 517, 64], extends=[300, 257, 1, 129], seed=29)
+                 prefixes=[1000, 0, 517, 64], extends=[300, 257, 1, 129], seed=23, opts=opts)
 
 
 # ----------------------------------------------------------------------------------------------
-# the Gluon sm_90 kernel (PAGEDATTN_EXTEND_VARIANT=gluon; _extend_gluon.py)
+# the Gluon sm_90 kernel (_extend_gluon.py)
 # ----------------------------------------------------------------------------------------------
 
 GLUON_CASES = [  # every case must reach the Gluon kernel (asserted): rows >= one 128-row block
@@ -128,11 +116,10 @@ GLUON_CASES = [  # every case must reach the Gluon kernel (asserted): rows >= on
 
 def gluon_launches(monkeypatch):
     """Select the Gluon kernel (skip where it cannot run) and count its launches."""
-    from pagedattn.triton_kernels import _extend_variants as V
+    from pagedattn.triton_kernels import _extend_loop as V
     gk = V.gluon_kernel()
     if gk is None or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon kernel needs sm_90 and triton " + V.GLUON_TRITON)
-    monkeypatch.setenv(V.ENV, V.GLUON)
     launches = []
     real = gk.launch
     monkeypatch.setattr(gk, "launch", lambda *a, **k: (launches.append(1), real(*a, **k)))
@@ -141,13 +128,10 @@ def gluon_launches(monkeypatch):
 
 @pytest.mark.gpu
 @BF16_SKIP
-@pytest.mark.parametrize("ws", ["1", "2", "0"])
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
-def test_gpu_gluon_kernel(device, monkeypatch, case, ws):
-    """Every form: warp-specialized with one 8-warp consumer or two 4-warp ones (the default),
-    and single-role."""
+def test_gpu_gluon_kernel(device, monkeypatch, case):
+    """The warp-specialized kernel (a producer warpgroup, two 4-warp consumers)."""
     launches = gluon_launches(monkeypatch)
-    monkeypatch.setenv("PAGEDATTN_EXTEND_GLUON_WS", ws)
     run_case(device, seed=60 + case, **GLUON_CASES[case])
     assert launches, "the call fell back to the Triton kernel"
 

@@ -7,12 +7,12 @@ environment, and asks the chosen backend's own ``supports()`` for the final word
 """
 import functools
 import importlib
-import os
 from types import MappingProxyType
 from typing import Mapping, NamedTuple, Optional, Tuple
 
 import torch
 
+from pagedattn import config
 from pagedattn.dispatch import capabilities as C
 from pagedattn.dispatch.arch import arch_facts, clear_caches, device_facts
 
@@ -281,25 +281,19 @@ def cache_clear() -> None:
 ##### Resolution for the public ops #####
 
 def _env_backend() -> str:
-    v = os.environ.get("PAGEDATTN_BACKEND", "").strip() or "auto"
-    if v != "auto" and v not in BACKENDS:
-        raise ValueError(f"PAGEDATTN_BACKEND: expected one of {['auto', *BACKENDS]}, got {v!r}")
-    return v
+    return config.get("PAGEDATTN_BACKEND")
 
 
 def _env_partition_size() -> Optional[int]:
-    v = os.environ.get("PAGEDATTN_PARTITION_SIZE", "").strip()
-    if not v:
-        return None
-    if not v.isdigit() or int(v) <= 0 or int(v) & (int(v) - 1):
-        raise ValueError(f"PAGEDATTN_PARTITION_SIZE: expected a positive power of 2, got {v!r}")
-    return int(v)
+    v = config.get("PAGEDATTN_PARTITION_SIZE")
+    if v is not None and v & (v - 1):
+        raise ValueError(f"PAGEDATTN_PARTITION_SIZE: expected a positive power of 2, got {v}")
+    return v
 
 
 def count_or_auto(raw, what: str) -> int:
-    """A launch knob that is ``"auto"`` (0) or a positive integer (partitions per program / block:
-    PAGEDATTN_DECODE_PPP, PAGEDATTN_HIP_DECODE_PPP); anything else raises ValueError naming
-    `what`."""
+    """A launch parameter that is ``"auto"`` (0) or a positive integer; anything else raises
+    ValueError naming `what`."""
     if raw == "auto":
         return 0
     try:

@@ -4,19 +4,18 @@ program setup and the ring's prologue in ``_decode_gluon_ring.py``.
 
 Pipeline (NS ring slots, one cp.async group per tile {K_t, V_t}):
 
-  iteration t: wait tile t | fence, barrier | issue tile t + NS - 1 into the slot of tile t - 1 |
-               S = Q K_t^T | softmax | O = O alpha + P V_t | partition end: fold or park
-  EARLY (the default): barrier | issue tile t + NS - 1 | wait tile t | fence, barrier | ...
-  PIPE: tile t - 1's P V wgmma runs under S_t and tile t's softmax; NS - 2 tiles ahead
+  iteration t: barrier | issue tile t + NS - 1 into the slot of tile t - 1 | wait tile t |
+               fence, barrier | S = Q K_t^T | softmax | O = O alpha + P V_t |
+               partition end: fold or park
+  (the refill comes before the wait: NS tiles are in flight during it, for one more barrier)
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (async_copy, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import async_copy, warpgroup_mma
 
-from pagedattn.triton_kernels._decode_gluon_ring import (_BLOCK_M, _STAMPS, _bal_lens, _clock,
-                                                         _issue_kv, _kv_base, _landed, _program,
-                                                         _ring_plan, _ring_start, _stamp)
+from pagedattn.triton_kernels._decode_gluon_ring import (_BLOCK_M, _bal_lens, _issue_kv, _kv_base,
+                                                         _landed, _program, _ring_plan,
+                                                         _ring_start)
 from pagedattn.triton_kernels._extend_gluon import _copy_rows, _ids
 
 _LN2 = gl.constexpr(0.6931471805599453)
@@ -80,20 +79,18 @@ def decode_sm90(
     out_ptr,  # [B, LQ, Hq, D]
     lse_ptr,  # float32 [B, LQ, Hq]
     ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
-    tl_ptr,  # int64 [programs, STAMPS]: TIMELINE stamps (else any pointer, never touched)
     qk_scale,  # sm_scale * log2(e)
     LQ, Hq, P, PPP, NB, FILL_N, SLOTS, FINE,  # NB ..: the balanced launch's plan (BAL)
     stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_bt,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PART: gl.constexpr,
     BLOCK_N: gl.constexpr, NS: gl.constexpr, ONE_PASS: gl.constexpr, MULTI: gl.constexpr,
-    CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, EARLY: gl.constexpr, PDL: gl.constexpr,
-    TIMELINE: gl.constexpr, PIPE: gl.constexpr, BAL: gl.constexpr, NB_BLOCK: gl.constexpr,
+    CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, PDL: gl.constexpr, BAL: gl.constexpr,
+    NB_BLOCK: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    # tiles issued ahead of the one computed; PIPE keeps one more slot for the P V in flight
-    LEAD: gl.constexpr = NS - 2 if PIPE else NS - 1
+    LEAD: gl.constexpr = NS - 1  # tiles issued ahead of the one computed
     TPC: gl.constexpr = D // 8  # threads per row of a 16-byte-per-thread copy
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [num_warps, 1], [1, 0])
     MMA_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -108,13 +105,11 @@ def decode_sm90(
     KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_BLOCK_M, D], dtype)
 
-    h, s, seq_len, n_parts, p, t_lo, t_hi = _program(tl_ptr, lens_ptr, PPP, PART, ONE_PASS,
-                                                     MULTI, PDL, TIMELINE, BAL, NB)
+    h, s, seq_len, n_parts, p, t_lo, t_hi = _program(lens_ptr, PPP, PART, ONE_PASS, MULTI, PDL,
+                                                     BAL, NB)
     if BAL:  # issued beside seq_len
         lens0, j0 = _bal_lens(lens_ptr, NB, NB_BLOCK, num_warps)
     if p >= n_parts:  # split: past the sequence's last partition
-        if TIMELINE:
-            _stamp(tl_ptr, 3, h)
         return
     n_tiles, lim, bt_row, kc_h, vc_h, sb_k, sb_v = _kv_base(
         bt_ptr, kc_ptr, vc_ptr, s, h, seq_len, t_lo, t_hi, LQ, stride_bt, stride_kb, stride_kh,
@@ -133,8 +128,6 @@ def decode_sm90(
             sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol, G, _BLOCK_M, PAGE, PART, BLOCK_N,
             LEAD, LD, NB_BLOCK, CAUSAL)
         if none:
-            if TIMELINE:
-                _stamp(tl_ptr, 3, h)
             return
     else:
         ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h, bt_row,
@@ -152,47 +145,18 @@ def decode_sm90(
     big_m = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_O)
     big_l = gl.zeros([_BLOCK_M], gl.float32, ROW_O)
     big_a = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
-    if PIPE:  # P of the tile whose P V wgmma the next iteration issues (zeros: none pending)
-        p16 = gl.zeros([_BLOCK_M, BLOCK_N], dtype, P_OP)
-        pend = t_lo * 0  # 1: p16 holds tile t - 1's P
-    if TIMELINE:  # cycles issuing, waiting, computing
-        cyc_i = _clock(h) * 0
-        cyc_w = cyc_i
-        cyc_c = cyc_i
     for t in range(n_tiles):
         start = t_lo + t * BLOCK_N
         nx = start + LEAD * BLOCK_N
-        if TIMELINE:
-            c0 = _clock(h)
-        if EARLY:  # refill first: NS tiles in flight during the wait, one more barrier
-            gl.thread_barrier()  # every warp done with the slot refilled (tile t - 1; PIPE t - 2)
-            _issue_kv(k_ring.index((t + LEAD) % NS), v_ring.index((t + LEAD) % NS), kc_h, vc_h,
-                      ids_nx, nx, t_hi, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol,
-                      PAGE, BLOCK_N)
-            ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
-            if TIMELINE:
-                c1 = _clock(h)
-                cyc_i += c1 - c0
-                c0 = c1
-            _landed(LEAD)  # tile t
-        else:  # LEAD = NS - 1 (PIPE needs EARLY)
-            _landed(NS - 2)  # tile t; every warp done with tile t - 1's slot
-            _issue_kv(k_ring.index((t + LEAD) % NS), v_ring.index((t + LEAD) % NS), kc_h, vc_h,
-                      ids_nx, nx, t_hi, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol,
-                      PAGE, BLOCK_N)
-            ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)  # used one tile later
+        gl.thread_barrier()  # every warp done with the slot refilled (tile t - 1's)
+        _issue_kv(k_ring.index((t + LEAD) % NS), v_ring.index((t + LEAD) % NS), kc_h, vc_h,
+                  ids_nx, nx, t_hi, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol,
+                  PAGE, BLOCK_N)
+        ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+        _landed(LEAD)  # tile t
 
-        if TIMELINE:
-            c1 = _clock(h)
-            cyc_w += c1 - c0
-            if t == 0:
-                _stamp(tl_ptr, 1, h)
         sc = warpgroup_mma(q_smem, k_ring.index(t % NS).permute((1, 0)),
-                           gl.zeros([_BLOCK_M, BLOCK_N], gl.float32, MMA_S), use_acc=False,
-                           is_async=PIPE)
-        if PIPE:  # tile t - 1's P V under S_t and the softmax (a zero P at a partition start)
-            o = warpgroup_mma(p16, v_ring.index((t - pend) % NS), o, is_async=True)
-            sc = warpgroup_mma_wait(1, deps=[sc])
+                           gl.zeros([_BLOCK_M, BLOCK_N], gl.float32, MMA_S), use_acc=False)
         sc = sc * qk_scale
         if start + BLOCK_N > lim:
             j = start + cols
@@ -207,21 +171,11 @@ def decode_sm90(
         pr = gl.exp2(sc - m_safe[:, None])
         l_i = l_i * alpha + gl.sum(pr, 1)
         m_i = m_new
-        if PIPE:
-            o, p16 = warpgroup_mma_wait(0, deps=[o, p16])
         o = o * gl.convert_layout(alpha, ROW_O)[:, None]
-        if PIPE:
-            p16 = gl.convert_layout(pr.to(dtype), P_OP)
-            pend = 1
-        else:
-            o = warpgroup_mma(gl.convert_layout(pr.to(dtype), P_OP), v_ring.index(t % NS), o)
+        o = warpgroup_mma(gl.convert_layout(pr.to(dtype), P_OP), v_ring.index(t % NS), o)
 
         end = start + BLOCK_N
         if ((end % PART) == 0) | (end >= t_hi):  # this partition's last tile
-            if PIPE:  # the state needs tile t's P V now
-                o = warpgroup_mma(p16, v_ring.index(t % NS), o)
-                p16 = gl.zeros([_BLOCK_M, BLOCK_N], dtype, P_OP)
-                pend = 0
             if ONE_PASS:
                 big_m, big_l, big_a = _fold(big_m, big_l, big_a, m_i, l_i, o, ROW_O)
                 m_i = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_S)
@@ -242,15 +196,7 @@ def decode_sm90(
                 m_i = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_S)
                 l_i = gl.zeros([_BLOCK_M], gl.float32, ROW_S)
                 o = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
-        if TIMELINE:
-            cyc_c += _clock(h) - c1
     async_copy.wait_group(0)  # no copy outlives the program
-    if TIMELINE:
-        _stamp(tl_ptr, 2, h)
-        pid = (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) + h
-        gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 5, cyc_i)
-        gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 6, cyc_w)
-        gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 7, cyc_c)
 
     if ONE_PASS:
         _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
@@ -263,5 +209,3 @@ def decode_sm90(
         big_m, big_l, big_a = _fold(big_m, big_l, big_a, m_i, l_i, o, ROW_O)
         _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
                 stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
-    if TIMELINE:
-        _stamp(tl_ptr, 3, h)

@@ -1,6 +1,6 @@
 """Program setup and the cp.async page ring shared by the Gluon decode forms
-(``_decode_gluon_kernel.decode_sm90``, ``_decode_gluon_swap``, ``_decode_gluon_ws``): which
-(sequence, partitions) a program serves, the balanced launch's plan, the ring's prologue, stamps.
+(``_decode_gluon_kernel.decode_sm90``, ``_decode_gluon_swap``): which (sequence, partitions) a
+program serves, the balanced launch's plan, the ring's prologue.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -12,48 +12,15 @@ from pagedattn.triton_kernels._extend_gluon import _head_bases, _ids, _issue, _l
 BLOCK_M = 64  # one warpgroup's wgmma rows
 _BLOCK_M = gl.constexpr(BLOCK_M)  # jit code reads globals only as constexpr
 NUM_WARPS = 4
-# int64 per program in _decode_gluon.TIMELINE: 4 %globaltimer stamps (_stamp), the SM id, and
-# the loop's %clock64 cycles spent issuing copies, waiting for tiles and computing (decode_sm90)
-STAMPS = 8
-_STAMPS = gl.constexpr(STAMPS)
-
-
 @gluon.jit
-def _stamp(tl_ptr, slot: gl.constexpr, x):
-    """TIMELINE runs: %globaltimer (ns) into tl_ptr[program, slot] (slots: 0 start, 1 first
-    tile landed, 2 loop done, 3 exit); at slot 0 also %smid into slot 4 (which SM ran the
-    program); x: any int32 scalar (the asm needs an operand)."""
-    ns = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=gl.int64,
-                                   is_pure=False, pack=1)
-    pid = (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) \
-        + gl.program_id(0)
-    gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + slot, ns)
-    if slot == 0:
-        sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [x], dtype=gl.int32,
-                                       is_pure=False, pack=1)
-        gl.store(tl_ptr + pid.to(gl.int64) * _STAMPS + 4, sm.to(gl.int64))
-
-
-@gluon.jit
-def _clock(x):
-    """TIMELINE runs: the SM's %clock64."""
-    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [x], dtype=gl.int64,
-                                     is_pure=False, pack=1)
-
-
-@gluon.jit
-def _program(tl_ptr, lens_ptr, PPP, PART: gl.constexpr, ONE_PASS: gl.constexpr,
-             MULTI: gl.constexpr, PDL: gl.constexpr, TIMELINE: gl.constexpr,
-             BAL: gl.constexpr = False, NB=1):
+def _program(lens_ptr, PPP, PART: gl.constexpr, ONE_PASS: gl.constexpr, MULTI: gl.constexpr,
+             PDL: gl.constexpr, BAL: gl.constexpr = False, NB=1):
     """What a program of every Gluon decode form serves: (KV head h, sequence s, seq_len, its
     partition count, the program's first partition p, its tokens [t_lo, t_hi)). Grid: (Hkv, B,
     P) split, (Hkv, B, cdiv(P, PPP)) split with MULTI, (Hkv, B, 1) one pass; p >= the count:
     nothing to do. Balanced (BAL, grid (Hkv, B + extra shares, 1)): a first share's start, from
-    key 0 (:func:`_ring_plan` settles it). Stamps the start (TIMELINE) and lets the combine
-    launch (PDL)."""
+    key 0 (:func:`_ring_plan` settles it). Lets the combine launch (PDL)."""
     h = gl.program_id(0)
-    if TIMELINE:
-        _stamp(tl_ptr, 0, h)
     if PDL:  # the combine launch may start now; it waits for this grid before reading
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n mov.u32 $0, $1;", "=r,r",
                                   [h], dtype=gl.int32, is_pure=False, pack=1)

@@ -1,9 +1,8 @@
-"""Paged decode for sm_90 in Gluon, keys on the wgmma's M side (``GLUON_FORM=swap``).
+"""Paged decode for sm_90 in Gluon, keys on the wgmma's M side (the ``swap`` form).
 
-Why (bench/results/2026-12-01-h200-s14): ``_decode_gluon_kernel.decode_sm90`` pads the
-group's G * Lq query rows to the 64 rows of a wgmma; for G * Lq = 4 that is 16x the useful
-tensor work and a 64 x 64 softmax per tile. Here the products are transposed so the wide side
-is the keys:
+Why: ``_decode_gluon_kernel.decode_sm90`` pads the group's G * Lq query rows to the 64 rows of a
+wgmma; for one row per KV head that is 64x the useful tensor work and a 64 x 64 softmax per
+tile. Here the products are transposed so the wide side is the keys:
 
   S^T [BLOCK_N, NQ] = K_t [BLOCK_N, D] . Q^T [D, NQ]      (A: the K ring slot, B: Q in smem)
   O^T [D, NQ]      += V_t^T [D, BLOCK_N] . P^T [BLOCK_N, NQ]  (A: the V slot, transposed view)
@@ -13,14 +12,12 @@ shrink by 64 / NQ; the price is that a row's max and sum now run across the 4 wa
 compiler's shared-memory reduction) and P^T goes through a small shared tile (wgmma's B).
 
 Same grid, partitions, workspace, fold and combine as ``decode_sm90`` (see there); bits differ
-from it (another tile arithmetic), so the knob never changes with the batch: one-pass and split
+from it (another tile arithmetic), so the form never changes with the batch: one-pass and split
 launches of this kernel are bitwise equal to each other.
 
-Measured (H200): on 32/8 (4 rows) 0.87-1.03x ``decode_sm90`` (session 14, ab_swap_5a2a7aa.md); a
-lone program is no faster (~35 us per 1 MB loop): its two wgmma chains have as many dependent
-steps as before. On 32/32 (one row, MHA), with one partition per split program: 1.002-1.020x
-(session 14) and 1.004-1.021x (session 15, ab_mha_da8917c.md) on all ten issue rows, so it is
-the default for one row (``_decode_gluon.form``).
+Measured on the H200: on MHA (one row), with one partition per split program, 1.002-1.021x the
+rows form on every row of the decode table, so it serves one row (``_decode_gluon.form``); on
+32/8 (4 rows) it is 0.87-1.03x the rows form, which keeps GQA.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -29,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 
 from pagedattn.triton_kernels._decode_gluon_ring import (_bal_lens, _issue_kv, _kv_base,
                                                          _landed, _program, _ring_plan,
-                                                         _ring_start, _stamp)
+                                                         _ring_start)
 from pagedattn.triton_kernels._extend_gluon import _copy_rows, _ids
 
 _LN2 = gl.constexpr(0.6931471805599453)
@@ -187,15 +184,14 @@ def decode_sm90_swap(
     out_ptr,  # [B, LQ, Hq, D]
     lse_ptr,  # float32 [B, LQ, Hq]
     ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
-    tl_ptr,  # int64 [programs, STAMPS]: TIMELINE stamps (else any pointer, never touched)
     qk_scale,  # sm_scale * log2(e)
     LQ, Hq, P, PPP, NB, FILL_N, SLOTS, FINE,  # NB ..: the balanced launch's plan (BAL)
     stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_bt,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     G: gl.constexpr, R: gl.constexpr, NQ: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     PART: gl.constexpr, BLOCK_N: gl.constexpr, NS: gl.constexpr, ONE_PASS: gl.constexpr,
-    MULTI: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, EARLY: gl.constexpr,
-    PDL: gl.constexpr, TIMELINE: gl.constexpr, BAL: gl.constexpr, NB_BLOCK: gl.constexpr,
+    MULTI: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, PDL: gl.constexpr,
+    BAL: gl.constexpr, NB_BLOCK: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
@@ -209,13 +205,11 @@ def decode_sm90_swap(
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, D], dtype)
     P_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, BLOCK_N], dtype)
 
-    h, s, seq_len, n_parts, p, t_lo, t_hi = _program(tl_ptr, lens_ptr, PPP, PART, ONE_PASS,
-                                                     MULTI, PDL, TIMELINE, BAL, NB)
+    h, s, seq_len, n_parts, p, t_lo, t_hi = _program(lens_ptr, PPP, PART, ONE_PASS, MULTI, PDL,
+                                                     BAL, NB)
     if BAL:  # issued beside seq_len
         lens0, j0 = _bal_lens(lens_ptr, NB, NB_BLOCK, num_warps)
     if p >= n_parts:  # split: past the sequence's last partition
-        if TIMELINE:
-            _stamp(tl_ptr, 3, h)
         return
     n_tiles, lim, bt_row, kc_h, vc_h, sb_k, sb_v = _kv_base(
         bt_ptr, kc_ptr, vc_ptr, s, h, seq_len, t_lo, t_hi, LQ, stride_bt, stride_kb, stride_kh,
@@ -235,8 +229,6 @@ def decode_sm90_swap(
             sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol, G, NQ, PAGE, PART, BLOCK_N,
             NS - 1, LD, NB_BLOCK, CAUSAL)
         if none:
-            if TIMELINE:
-                _stamp(tl_ptr, 3, h)
             return
     else:
         ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h, bt_row,
@@ -256,23 +248,14 @@ def decode_sm90_swap(
     for t in range(n_tiles):
         start = t_lo + t * BLOCK_N
         nx = start + (NS - 1) * BLOCK_N
-        if EARLY:  # refill first: NS tiles in flight during the wait, one more barrier
-            gl.thread_barrier()  # every warp done with tile t - 1's slot and P^T
-            _issue_kv(k_ring.index((t + NS - 1) % NS), v_ring.index((t + NS - 1) % NS), kc_h,
-                      vc_h, ids_nx, nx, t_hi, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r,
-                      dcol, PAGE, BLOCK_N)
-            ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
-            _landed(NS - 1)  # tile t
-        else:
-            _landed(NS - 2)  # tile t; every warp done with tile t - 1
-            _issue_kv(k_ring.index((t + NS - 1) % NS), v_ring.index((t + NS - 1) % NS), kc_h,
-                      vc_h, ids_nx, nx, t_hi, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r,
-                      dcol, PAGE, BLOCK_N)
-            ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)  # used one tile later
+        # refill first: NS tiles in flight during the wait, for one more barrier
+        gl.thread_barrier()  # every warp done with tile t - 1's slot and P^T
+        _issue_kv(k_ring.index((t + NS - 1) % NS), v_ring.index((t + NS - 1) % NS), kc_h,
+                  vc_h, ids_nx, nx, t_hi, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r,
+                  dcol, PAGE, BLOCK_N)
+        ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+        _landed(NS - 1)  # tile t
 
-        if TIMELINE:
-            if t == 0:
-                _stamp(tl_ptr, 1, h)
         # S^T [BLOCK_N, NQ] = K_t Q^T
         sc = warpgroup_mma(k_ring.index(t % NS), q_smem.permute((1, 0)),
                            gl.zeros([BLOCK_N, NQ], gl.float32, MMA), use_acc=False)
@@ -288,10 +271,6 @@ def decode_sm90_swap(
             ws_ml_ptr, ws_o_ptr, ws_row0, start + BLOCK_N, t_hi, n_parts, m_i, l_i, o, big_m,
             big_l, big_a, R, PART, ONE_PASS, MMA, BAL, whole)
     async_copy.wait_group(0)  # no copy outlives the program
-    if TIMELINE:
-        _stamp(tl_ptr, 2, h)
 
     _epilogue_t(out_ptr, lse_ptr, s, h, n_parts, m_i, l_i, o, big_m, big_l, big_a, Hq, LQ,
                 stride_ob, stride_ot, stride_oh, G, R, ONE_PASS, RETURN_LSE, MMA, BAL, whole)
-    if TIMELINE:
-        _stamp(tl_ptr, 3, h)

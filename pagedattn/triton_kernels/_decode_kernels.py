@@ -7,37 +7,13 @@ import triton.language as tl
 
 from pagedattn.triton_kernels._common import (alibi_bias, finalize_state, first_tile, kv_offset,
                                               online_softmax_step, soft_cap, visible)
-from pagedattn.triton_kernels._decode_cs import attend_cs, cs_block_ids
-from pagedattn.triton_kernels._decode_state import (balanced_share, batch_lens, fold_last,
-                                                    merge as _merge, park as _park,
-                                                    park_neutral)
+from pagedattn.triton_kernels._decode_state import (balanced_share, batch_lens, merge as _merge,
+                                                    park as _park, park_neutral)
 
 try:  # grid dependency control (programmatic dependent launch), NVIDIA sm_90+
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # older triton: PDL stays off (decode._pdl), the names are never traced
     gdc_launch_dependents = gdc_wait = None
-
-
-STAMPS = 8  # int64 per program in decode.TIMELINE (the Gluon kernel's layout)
-_STAMPS = tl.constexpr(STAMPS)  # jit code reads globals only as constexpr
-
-
-@triton.jit
-def _stamp(tl_ptr, slot: tl.constexpr, x):
-    """TIMELINE runs (``decode.TIMELINE``, scripts/decode_timeline.py): %globaltimer (ns) into
-    tl_ptr[program, slot] (0 start, 1 = 0: the first tile is not stamped, so "loop" includes
-    its latency; 2 loop done; 3 exit) and at slot 0 %smid into slot 4; x: any int32 scalar."""
-    ns = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=tl.int64,
-                                   is_pure=False, pack=1)
-    pid = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) \
-        + tl.program_id(0)
-    row = tl_ptr + pid.to(tl.int64) * _STAMPS
-    tl.store(row + slot, ns)
-    if slot == 0:
-        tl.store(row + 1, ns)
-        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [x], dtype=tl.int32,
-                                       is_pure=False, pack=1)
-        tl.store(row + 4, sm.to(tl.int64))
 
 
 @triton.jit
@@ -204,8 +180,6 @@ def _decode_kernel(
         lse_ptr,  # float32 [B, LQ, Hq]
         ws_ml_ptr,  # float32 [B, Hkv, P, R, 2]: (m_p, l_p) per partition and row
         ws_o_ptr,  # float32 [B, Hkv, P, R, D]: acc_p (unnormalised)
-        cnt_ptr,  # int32 [B, Hkv]: parked partitions per (sequence, head) (FOLD), else a dummy
-        tl_ptr,  # int64 [programs, STAMPS]: TIMELINE stamps, else a dummy (never touched)
         scale, cap, window, Hq, LQ, P, BT_W, PPP, NB, FILL_N, SLOTS, FINE,
         stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
         stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
@@ -217,20 +191,16 @@ def _decode_kernel(
         G: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, PART: tl.constexpr,
         K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, MULTI: tl.constexpr, SUB: tl.constexpr,
+        ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, MULTI: tl.constexpr,
         LAZY_L: tl.constexpr, PDL: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
         HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
         HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
-        F16_DOT: tl.constexpr, FOLD: tl.constexpr, FOLD_R: tl.constexpr,
-        FOLD_UNROLL: tl.constexpr, TIMELINE: tl.constexpr, BAL: tl.constexpr,
-        NB_BLOCK: tl.constexpr):
+        F16_DOT: tl.constexpr, BAL: tl.constexpr, NB_BLOCK: tl.constexpr):
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
     # balanced (BAL): (Hkv, B + decode._balance_extra, 1): program y < B runs sequence y's first
     # share, program B + e the batch's extra share e (_decode_state.plan and extra_share, inputs
     # NB, FILL_N, SLOTS, FINE); share a owns partitions [a * ppp, a * ppp + ppp)
-    if TIMELINE:
-        _stamp(tl_ptr, 0, Hq)
     if PDL:  # the combine launch may start now; it waits for this grid before reading
         gdc_launch_dependents()
     h = tl.program_id(0)
@@ -300,7 +270,6 @@ def _decode_kernel(
                 park_neutral(ws_ml_ptr, ws_o_ptr, ws_row0, p, tl.minimum(first // PART, p + PPP),
                              rows, row_ok, d, d_mask, R, D, BLOCK_M, BLOCK_D)
     elif BAL:
-        tl.static_assert(SUB == 1, "the balanced launch runs the plain tile loop")
         t_lo = tl.maximum(p * PART, first)  # (p, pp, whole: balanced_share)
         t_hi = tl.minimum((p + pp) * PART, seq_len)
         if HAS_WINDOW:  # a share's partitions wholly before the window: neutral states
@@ -313,11 +282,7 @@ def _decode_kernel(
         t_hi = tl.minimum(p * PART + PART, seq_len)
     # the first tile's block ids, masked by the table's width only: this load does not wait for
     # seq_len (K/V lanes past seq_len are masked off by _attend), one round trip less per program
-    if SUB > 1:  # the column split (_decode_cs): SUB sub-streams per tile
-        sub3 = tl.arange(0, SUB)[:, None, None]
-        blk0 = cs_block_ids(bt_row_ptr, t_lo, BT_W * BS, sub3,
-                            tl.arange(0, BLOCK_N // SUB)[None, :, None], BS, BLOCK_N // SUB)
-    elif BAL:
+    if BAL:
         blk0 = blk_pre  # a first share's (t_lo = first)
         if y >= NB:
             blk0 = _tile_block_ids(bt_row_ptr, t_lo, BT_W * BS, tl.arange(0, BLOCK_N), BS,
@@ -325,15 +290,7 @@ def _decode_kernel(
     else:
         blk0 = _tile_block_ids(bt_row_ptr, t_lo, BT_W * BS, tl.arange(0, BLOCK_N), BS, ONE_BLOCK)
     if p < n_parts:  # split: programs past the sequence's last partition have nothing to do
-        if SUB > 1:
-            m, l, acc = attend_cs(
-                q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
-                cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, stride_kb,
-                stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh,
-                stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N,
-                BLOCK_D, SUB, PART, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI,
-                IEEE)
-        elif BAL:  # one loop per kind of program, each with its launch shape's registers
+        if BAL:  # one loop per kind of program, each with its launch shape's registers
             if whole:  # the one-pass loop
                 m, l, acc = _attend(
                     q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
@@ -358,8 +315,6 @@ def _decode_kernel(
                 stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N,
                 BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP,
                 HAS_ALIBI, IEEE, LAZY_L)
-        if TIMELINE:
-            _stamp(tl_ptr, 2, Hq)
         if BAL:
             if whole:
                 o, lse2 = finalize_state(m, l, acc, sink, HAS_SINK)
@@ -375,22 +330,3 @@ def _decode_kernel(
                         Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
         elif not MULTI:  # park (m_p, l_p, acc_p) for the combine (MULTI parked in the loop)
             _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, d, d_mask, D)
-        if FOLD and not ONE_PASS and n_parts > 1:  # the last program to park merges (no combine)
-            mine = 1  # partitions this program parked
-            if MULTI:
-                mine = tl.minimum(p + PPP, n_parts) - p
-            # over its own FOLD_R >= R rows (not the dot's 16): FOLD_UNROLL states per round trip
-            last, fm, fl, facc = fold_last(cnt_ptr + s * tl.num_programs(0) + h, mine, n_parts,
-                                           ws_ml_ptr, ws_o_ptr, ws_row0, d, d_mask, R, D,
-                                           FOLD_R, BLOCK_D, FOLD_UNROLL)
-            if last:
-                rr = tl.arange(0, FOLD_R)
-                sink_r = tl.zeros((FOLD_R,), tl.float32)
-                if HAS_SINK:
-                    sink_r = tl.load(sinks_ptr + h * G + rr % G, mask=rr < R, other=0.0)
-                fo, flse2 = finalize_state(fm, fl, facc, sink_r, HAS_SINK)
-                _store_rows(out_ptr, lse_ptr, fo, flse2, s, rr // G, h * G + rr % G, d, rr < R,
-                            rr < R, d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh,
-                            RETURN_LSE)
-    if TIMELINE:
-        _stamp(tl_ptr, 3, Hq)

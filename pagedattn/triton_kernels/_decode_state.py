@@ -1,7 +1,7 @@
 """Partition states of the Triton decode kernels: the online merge (:func:`merge`) and the
-workspace store of a split partition (:func:`park`). Shared by the plain tile loop
-(``_decode_kernels``) and the column split (``_decode_cs``); the balanced launch's plan (shared
-by the Triton kernel, the Gluon forms and the combine)."""
+workspace store of a split partition (:func:`park`). Used by the tile loop
+(``_decode_kernels``); the balanced launch's plan is shared by the Triton kernel, the Gluon forms
+and the combine."""
 import os
 
 import triton
@@ -56,54 +56,6 @@ def park_neutral(ws_ml_ptr, ws_o_ptr, ws_row0, p_lo, p_hi, rows, row_ok, d, d_ma
         park(ws_ml_ptr, ws_o_ptr, ws_row0 + pe * R + rows, row_ok,
              tl.full((BLOCK_M,), float("-inf"), tl.float32), tl.zeros((BLOCK_M,), tl.float32),
              tl.zeros((BLOCK_M, BLOCK_D), tl.float32), d, d_mask, D)
-
-
-@triton.jit
-def fold_last(cnt_ptr, mine, n_parts, ws_ml_ptr, ws_o_ptr, ws_row0, d, d_mask, R: tl.constexpr,
-              D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-              UNROLL: tl.constexpr):
-    """The split launch's in-kernel merge (``decode._fold_last``), after a program parked its
-    ``mine`` partitions of one (sequence, KV head): it adds them to that pair's counter
-    (``cnt_ptr``, int32, 0 between calls); the program whose add completes n_parts merges every
-    parked state in partition order (:func:`merge`: the one-pass arithmetic, so the same bits)
-    and resets the counter. Returns (last, m, l, acc) over BLOCK_R (>= R) rows; a neutral state
-    where not last.
-
-    UNROLL states per round trip: a group's loads are all issued before its first merge (a
-    barrier fences the scheduler), so they are in flight at once and the merge chain runs from
-    registers (offline sm_90 SASS: every load of the group, then the barrier, then the exp2s and
-    FMAs). Partitions past n_parts load as neutral states: exact identities. (One state per round
-    trip, H200 session 17: ~0.25-0.4 us a partition, 0.74x at (1, 32768) 32/8.)
-    Ordering: the barrier puts every thread's parked stores before the acq_rel add (one thread;
-    cumulative through the barrier), and the last program reads the states through L2 (.cg)
-    after it. No program ever waits on another: the merge is done by whoever finishes last.
-    """
-    tl.debug_barrier()
-    done = tl.atomic_add(cnt_ptr, mine, sem="acq_rel", scope="gpu")
-    last = done + mine == n_parts
-    rr = tl.arange(0, BLOCK_R)
-    big_m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
-    big_l = tl.zeros((BLOCK_R,), tl.float32)
-    big_a = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
-    if last:
-        for p0 in range(0, n_parts, UNROLL):
-            group = ()
-            for u in tl.static_range(UNROLL):  # every load of the group first: one round trip
-                pp = rr * 0 + p0 + u  # [BLOCK_R]: the partition
-                ok = (rr < R) & (pp < n_parts)
-                row = ws_row0 + pp * R + rr
-                group = group + ((
-                    tl.load(ws_ml_ptr + 2 * row, mask=ok, other=float("-inf"),
-                            cache_modifier=".cg"),
-                    tl.load(ws_ml_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg"),
-                    tl.load(ws_o_ptr + row[:, None] * D + d[None, :],
-                            mask=ok[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")),)
-            tl.debug_barrier()  # a fence for the scheduler: no merge before the last load
-            for u in tl.static_range(UNROLL):
-                m_p, l_p, acc_p = group[u]
-                big_m, big_l, big_a = merge(big_m, big_l, big_a, m_p, l_p, acc_p)
-        tl.store(cnt_ptr, 0)
-    return last, big_m, big_l, big_a
 
 
 @triton.jit

@@ -1,19 +1,18 @@
 """Extend attention for sm_90 in Gluon: a producer warpgroup gathers the pages, two consumer
 warpgroups run the softmax of tile t under the P @ V wgmma of tile t-1.
 
-Why (bench/NOTES_extend.md, sessions 5, 10 and 11): the Triton loop runs its two wgmmas and the
-softmax of a tile back to back, so a 128 x 128 tile costs the tensor time (~1.4 us at the
-matmul rate) plus the softmax (~0.8 us). Here each consumer iteration issues S_t = Q K_t^T and
-O += P_{t-1} V_{t-1} together, waits for S_t only, and computes the softmax of tile t while the
-P V wgmma runs (FA3's intra-warpgroup overlap); two 4-warp consumers of 64 rows each drift out of
-phase, so one's softmax also runs under the other's wgmmas. Everything is explicit: the layouts,
-3-slot shared-memory rings for K and V filled by cp.async from the paged cache, mbarriers, the
-wgmma waits.
+Why: the Triton loop runs its two wgmmas and the softmax of a tile back to back, so a 128 x 128
+tile costs the tensor time (~1.4 us at the matmul rate) plus the softmax (~0.8 us). Here each
+consumer iteration issues S_t = Q K_t^T and O += P_{t-1} V_{t-1} together, waits for S_t only,
+and computes the softmax of tile t while the P V wgmma runs (FA3's intra-warpgroup overlap); two
+4-warp consumers of 64 rows each drift out of phase, so one's softmax also runs under the
+other's wgmmas. Everything is explicit: the layouts, 3-slot shared-memory rings for K and V
+filled by cp.async from the paged cache, mbarriers, the wgmma waits. On the H200 it reaches
+67.0 / 60.1 / 50.4 / 50.4 % of the matmul rate on the four extend-table shapes, against
+57.7 / 55.2 / 43.9 / 46.9 for the Triton kernel (docs/performance.md).
 
-Two kernels (``PAGEDATTN_EXTEND_GLUON_WS``, :func:`warp_specialized`): ``extend_fwd_sm90_ws``
-in ``_extend_gluon_ws.py`` (the default; producer + two consumers, or + one 8-warp consumer) and
-:func:`extend_fwd_sm90` here (one role: the same loop with every warp issuing the copies;
-measured slower, kept for the A/B). This module also holds the helpers both use.
+The kernel (``extend_fwd_sm90_ws``) is in ``_extend_gluon_ws.py``; this module holds the gate,
+the launcher and the helpers it uses.
 
 Scope (the launcher checks it: :func:`unsupported`): sm_90 under triton 3.6, fp16/bf16 q and
 cache of the same dtype, head_dim 64 or 128, a cache whose head dim is contiguous (bhsd, bshd),
@@ -21,21 +20,13 @@ at least one 128-row block of queries, new keys read from the cache, no custom m
 soft-cap, ALiBi or sinks. Grid and row order as ``extend._extend_fwd``: (query blocks
 last-first, KV head, request); a program owns BLOCK_M = BLOCK_Q x GROUP_P rows (query token
 major, GQA head minor).
-
-Single-role pipeline, 3 slots per ring; cp.async group G_t = {K_t, V_{t-1}} (G_0 also holds Q):
-
-  iteration t:  wait G_t | barrier | S_t = Q K_t^T (async) | O += P_{t-1} V_{t-1} (async)
-                issue K_{t+2}, V_{t+1} (slots freed by tiles t-1, t-2) | wait S_t
-                softmax(S_t) -> P_t, alpha_t | wait P V | O *= alpha_t
 """
-import os
 
 import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
-                                                              warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import async_copy
 
 from pagedattn._triton import interpreter_enabled
 from pagedattn.triton_kernels._common import LN2, LOG2E
@@ -80,36 +71,21 @@ def unsupported(call, ks, vs, family: str, group_p: int, max_q: int) -> list:
     return why
 
 
-def warp_specialized() -> int:
-    """``PAGEDATTN_EXTEND_GLUON_WS`` (A/B runs): 2 (default) a producer warpgroup and two 4-warp
-    consumers of 64 rows each (``_extend_gluon_ws.extend_fwd_sm90_ws``, SPLIT), 1 one 8-warp
-    consumer, 0 the single-role loop (:func:`extend_fwd_sm90`). H200, session 11 call 7, % of the
-    matmul rate on the four issue shapes: 2: 67.0 / 60.1 / 50.4 / 50.4, 1: 53.3 / 50.7 / 44.0 /
-    47.3, `early` (Triton) 57.7 / 55.2 / 43.9 / 46.9."""
-    raw = os.environ.get("PAGEDATTN_EXTEND_GLUON_WS", "2")
-    if raw not in ("0", "1", "2"):
-        raise ValueError(f"PAGEDATTN_EXTEND_GLUON_WS={raw!r}: expected 0, 1 or 2")
-    return int(raw)
-
-
 def launch(call, ks, vs, group: int, group_p: int, max_q: int, lse):
     """Run the kernel for a call :func:`unsupported` accepted; writes call.out (and lse)."""
     q, g = call.q, call.geom
     ret = bool(call.return_lse)
     grid = (triton.cdiv(max_q, BLOCK_M // group_p), g.num_kv_heads, call.num_seqs)
-    ws = warp_specialized()
-    extra = dict(P_REGS=P_REGS, SPLIT=ws == 2, C_REGS=C_REGS) if ws else {}
-    # the warp-specialized form imports this module's helpers: loaded here, not at the top
+    # the warp-specialized kernel imports this module's helpers: loaded here, not at the top
     from pagedattn.triton_kernels._extend_gluon_ws import extend_fwd_sm90_ws
-    (extend_fwd_sm90_ws if ws else extend_fwd_sm90)[grid](
+    extend_fwd_sm90_ws[grid](
         q, call.k_cache, call.v_cache, call.out, lse, call.block_table, call.cu_seqlens_q,
         call.seq_lens, float(call.opts.scale) * LOG2E, q.stride(0), q.stride(1),
         call.out.stride(0), call.out.stride(1), lse.stride(0) if ret else 0,
         lse.stride(1) if ret else 0, call.block_table.stride(0), ks.block, ks.token, ks.head,
         vs.block, vs.token, vs.head, GROUP=group, GROUP_P=group_p, HEAD_DIM=g.head_dim,
         PAGE=g.block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(call.causal),
-        RETURN_LSE=ret, LOOP_FENCE=os.environ.get("PAGEDATTN_EXTEND_GLUON_FENCE", "") == "1",
-        num_warps=NUM_WARPS // 2 if ws == 2 else NUM_WARPS, **extra)
+        RETURN_LSE=ret, P_REGS=P_REGS, C_REGS=C_REGS, num_warps=NUM_WARPS // 2)
 
 
 @gluon.jit
@@ -245,108 +221,3 @@ def _epilogue(out_ptr, lse_ptr, o, m_i, l_i, q0, tok0, lq, kvh, stride_ot, strid
         lse = gl.where(l_o > 0, m_o + gl.log2(gl.where(l_o > 0, l_o, 1.0)), float("-inf")) * _LN2
         gl.store(lse_ptr + (o_tok64 * stride_lt + o_head.to(gl.int64) * stride_lh), lse,
                  mask=o_ok)
-
-
-@gluon.jit
-def extend_fwd_sm90(
-    q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr,  # q/out [T, Hq, D]; caches: any D-contiguous layout
-    bt_ptr, cu_ptr, lens_ptr,  # int32 block table [B, W], cu_seqlens_q [B + 1], seq_lens [B]
-    qk_scale,  # sm_scale * log2(e)
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_lh, stride_bt,
-    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    GROUP: gl.constexpr, GROUP_P: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE: gl.constexpr,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-    RETURN_LSE: gl.constexpr, LOOP_FENCE: gl.constexpr, num_warps: gl.constexpr,
-):
-    BLOCK_Q: gl.constexpr = BLOCK_M // GROUP_P
-    NS: gl.constexpr = 3  # ring slots (STAGES)
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    TPC: gl.constexpr = HEAD_DIM // 8  # threads per row of a 16-byte-per-thread copy
-    LD: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [num_warps, 1], [1, 0])
-    MMA_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                    instr_shape=[16, BLOCK_N, 16])
-    MMA_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                    instr_shape=[16, HEAD_DIM, 16])
-    P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_O, k_width=2)
-    ROW_S: gl.constexpr = gl.SliceLayout(1, MMA_S)
-    ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
-    KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
-    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
-
-    b, kvh, tok0, q0, lq, lk = _program(cu_ptr, lens_ptr, BLOCK_Q)
-    if tok0 >= lq:
-        return
-    prefix, hi, full, n_tiles = _key_range(tok0, lq, lk, CAUSAL, BLOCK_Q, BLOCK_N)
-
-    bt_row = bt_ptr + b.to(gl.int64) * stride_bt
-    kc_h, vc_h, sb_k, sb_v = _head_bases(kc_ptr, vc_ptr, kvh, stride_kh, stride_vh, stride_kb,
-                                         stride_vb)
-    dcol, r, k_tok, v_tok = _copy_rows(stride_kt, stride_vt, HEAD_DIM, PAGE, BLOCK_N, LD)
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
-    k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
-    v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
-
-    # prologue: G_0 = {Q, K_0}, G_1 = {K_1, V_0}; then (slots never used) G_2 = {K_2, V_1}
-    ids0 = _ids(bt_row, 0, hi, r, PAGE, BLOCK_N)
-    ids1 = _ids(bt_row, BLOCK_N, hi, r, PAGE, BLOCK_N)
-    ids_v = _ids(bt_row, 2 * BLOCK_N, hi, r, PAGE, BLOCK_N)
-    _load_q(q_smem, q_ptr, q0, tok0, lq, kvh, stride_qt, stride_qh, dcol, GROUP, GROUP_P, BLOCK_M,
-            LD)
-    _issue(k_ring.index(0), kc_h, ids0, 0, hi, sb_k, stride_kt, k_tok, r, dcol,
-           PAGE, BLOCK_N)
-    async_copy.commit_group()
-    _issue(k_ring.index(1), kc_h, ids1, BLOCK_N, hi, sb_k, stride_kt, k_tok, r, dcol,
-           PAGE, BLOCK_N)
-    _issue(v_ring.index(0), vc_h, ids0, 0, hi, sb_v, stride_vt, v_tok, r, dcol,
-           PAGE, BLOCK_N)
-    async_copy.commit_group()
-    ids_k = _ids(bt_row, 3 * BLOCK_N, hi, r, PAGE, BLOCK_N)
-    async_copy.wait_group(1)
-    fence_async_shared()
-    gl.thread_barrier()
-    _issue(k_ring.index(2), kc_h, ids_v, 2 * BLOCK_N, hi, sb_k, stride_kt, k_tok, r, dcol,
-           PAGE, BLOCK_N)
-    _issue(v_ring.index(1), vc_h, ids1, BLOCK_N, hi, sb_v, stride_vt, v_tok, r, dcol,
-           PAGE, BLOCK_N)
-    async_copy.commit_group()
-
-    rows = gl.arange(0, BLOCK_M, layout=ROW_S)
-    row_pos = prefix + tok0 + rows // GROUP_P  # [M] absolute query position
-    s = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)),
-                      gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_S), use_acc=False)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW_S)
-    l_i = gl.zeros([BLOCK_M], gl.float32, ROW_S)
-    m_i, l_i, alpha, p = _softmax(s, m_i, l_i, 0, full, hi, row_pos, qk_scale, CAUSAL, BLOCK_N,
-                                  gl.SliceLayout(0, MMA_S))
-    p16 = gl.convert_layout(p.to(dtype), P_OP)
-    o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA_O)
-    for t in range(1, n_tiles):
-        async_copy.wait_group(1)  # G_t: K_t and V_{t-1} landed (this thread's copies)
-        if LOOP_FENCE:  # A/B knob; Triton's own pipelines fence only before their loops
-            fence_async_shared()
-        gl.thread_barrier()  # every thread's copies; every warp past tile t-1's waits
-        s = warpgroup_mma(q_smem, k_ring.index(t % NS).permute((1, 0)), s, use_acc=False,
-                          is_async=True)
-        o = warpgroup_mma(p16, v_ring.index((t - 1) % NS), o, is_async=True)
-        # under the wgmmas: refill the slots of tiles t-1 (K) and t-2 (V), fetch later ids
-        _issue(k_ring.index((t + 2) % NS), kc_h, ids_k, (t + 2) * BLOCK_N, hi, sb_k, stride_kt,
-               k_tok, r, dcol, PAGE, BLOCK_N)
-        _issue(v_ring.index((t + 1) % NS), vc_h, ids_v, (t + 1) * BLOCK_N, hi, sb_v, stride_vt,
-               v_tok, r, dcol, PAGE, BLOCK_N)
-        async_copy.commit_group()
-        ids_v = ids_k
-        ids_k = _ids(bt_row, (t + 3) * BLOCK_N, hi, r, PAGE, BLOCK_N)  # used one tile later
-        s = warpgroup_mma_wait(1, deps=[s])
-        m_i, l_i, alpha, p = _softmax(s, m_i, l_i, t * BLOCK_N, full, hi, row_pos, qk_scale,
-                                      CAUSAL, BLOCK_N, gl.SliceLayout(0, MMA_S))
-        o, p16 = warpgroup_mma_wait(0, deps=[o, p16])
-        o = o * gl.convert_layout(alpha, ROW_O)[:, None]
-        p16 = gl.convert_layout(p.to(dtype), P_OP)
-    async_copy.wait_group(0)
-    fence_async_shared()
-    gl.thread_barrier()
-    o = warpgroup_mma(p16, v_ring.index((n_tiles - 1) % NS), o)
-
-    _epilogue(out_ptr, lse_ptr, o, m_i, l_i, q0, tok0, lq, kvh, stride_ot, stride_oh, stride_lt,
-              stride_lh, GROUP, GROUP_P, HEAD_DIM, 0, BLOCK_M, RETURN_LSE, ROW_O,
-              gl.SliceLayout(0, MMA_O))

@@ -3,7 +3,7 @@ its helpers): a producer warpgroup gathers the pages into the K and V rings, the
 compute (:func:`extend_fwd_sm90_ws`)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy,
                                                               mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
@@ -78,9 +78,8 @@ def _ws_consumer(out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empt
                  stride_oh, stride_lt, stride_lh, GROUP: gl.constexpr, GROUP_P: gl.constexpr,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  NS: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
-                 LOOP_FENCE: gl.constexpr, C_WARPS: gl.constexpr, ROW0: gl.constexpr,
-                 M: gl.constexpr):
-    """The loop of :func:`extend_fwd_sm90` without the loads, for the block's rows
+                 C_WARPS: gl.constexpr, ROW0: gl.constexpr, M: gl.constexpr):
+    """The consumer loop (no loads), for the block's rows
     [ROW0, ROW0 + M): S_t and P_{t-1} V_{t-1} in flight together, the softmax of tile t under
     the second; slots released once their wgmma is done."""
     dtype: gl.constexpr = q_smem.dtype
@@ -96,8 +95,6 @@ def _ws_consumer(out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empt
     q_mine = q_smem if M == BLOCK_M else q_smem.slice(ROW0, M)
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_full.index(0), 0)
-    if LOOP_FENCE:
-        fence_async_shared()
     s = warpgroup_mma(q_mine, k_ring.index(0).permute((1, 0)),
                       gl.zeros([M, BLOCK_N], gl.float32, MMA_S), use_acc=False)
     mbarrier.arrive(k_empty.index(0))
@@ -111,13 +108,9 @@ def _ws_consumer(out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empt
         ks = t % NS
         vs = (t - 1) % NS
         mbarrier.wait(k_full.index(ks), (t // NS) & 1)
-        if LOOP_FENCE:
-            fence_async_shared()
         s = warpgroup_mma(q_mine, k_ring.index(ks).permute((1, 0)), s, use_acc=False,
                           is_async=True)
         mbarrier.wait(v_full.index(vs), ((t - 1) // NS) & 1)
-        if LOOP_FENCE:
-            fence_async_shared()
         o = warpgroup_mma(p16, v_ring.index(vs), o, is_async=True)
         s = warpgroup_mma_wait(1, deps=[s])
         mbarrier.arrive(k_empty.index(ks))
@@ -129,8 +122,6 @@ def _ws_consumer(out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empt
         p16 = gl.convert_layout(p.to(dtype), P_OP)
     vs = (n_tiles - 1) % NS
     mbarrier.wait(v_full.index(vs), ((n_tiles - 1) // NS) & 1)
-    if LOOP_FENCE:
-        fence_async_shared()
     o = warpgroup_mma(p16, v_ring.index(vs), o)
     _epilogue(out_ptr, lse_ptr, o, m_i, l_i, q0, tok0, lq, kvh, stride_ot, stride_oh, stride_lt,
               stride_lh, GROUP, GROUP_P, HEAD_DIM, ROW0, M, RETURN_LSE, ROW_O,
@@ -144,13 +135,13 @@ def extend_fwd_sm90_ws(
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     GROUP: gl.constexpr, GROUP_P: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-    RETURN_LSE: gl.constexpr, LOOP_FENCE: gl.constexpr, P_REGS: gl.constexpr,
-    SPLIT: gl.constexpr, C_REGS: gl.constexpr, num_warps: gl.constexpr,
+    RETURN_LSE: gl.constexpr, P_REGS: gl.constexpr, C_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
-    """Arguments and grid as :func:`extend_fwd_sm90`; one producer warpgroup (4 warps, P_REGS
-    registers per thread) and the consumers: num_warps (8) warps in lockstep, or with SPLIT two
-    4-warp partitions of 64 rows each (num_warps 4; the second gets C_REGS registers) whose
-    phases drift apart, so one's softmax can run under the other's wgmmas."""
+    """Grid (query blocks last-first, KV head, request). One producer warpgroup (4 warps,
+    P_REGS registers per thread) and two 4-warp consumers of 64 rows each (num_warps 4; the
+    second gets C_REGS registers) whose phases drift apart, so one's softmax can run under the
+    other's wgmmas."""
     BLOCK_Q: gl.constexpr = BLOCK_M // GROUP_P
     NS: gl.constexpr = 3
     P_WARPS: gl.constexpr = 4
@@ -169,38 +160,25 @@ def extend_fwd_sm90_ws(
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
     k_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
     v_ring = gl.allocate_shared_memory(dtype, [NS, BLOCK_N, HEAD_DIM], KV_SMEM)
-    q_bar, k_full, k_empty, v_full, v_empty = ring_barriers(NS, P_WARPS, 2 if SPLIT else 1)
+    q_bar, k_full, k_empty, v_full, v_empty = ring_barriers(NS, P_WARPS, 2)
     # NOTE the partition arguments are written out: a tuple bound to a name first loses its
     # constexprs (triton 3.6)
     HALF: gl.constexpr = BLOCK_M // 2
-    if SPLIT:
-        gl.warp_specialize([
-            (_ws_consumer, (out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empty,
-                            v_full, v_empty, q0, tok0, lq, kvh, prefix, hi, full, n_tiles,
-                            qk_scale, stride_ot, stride_oh, stride_lt, stride_lh, GROUP, GROUP_P,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, NS, CAUSAL, RETURN_LSE, LOOP_FENCE,
-                            num_warps, 0, HALF)),
-            (_ws_consumer, (out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empty,
-                            v_full, v_empty, q0, tok0, lq, kvh, prefix, hi, full, n_tiles,
-                            qk_scale, stride_ot, stride_oh, stride_lt, stride_lh, GROUP, GROUP_P,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, NS, CAUSAL, RETURN_LSE, LOOP_FENCE,
-                            num_warps, HALF, HALF)),
-            (_ws_producer, (q_ptr, kc_h, vc_h, bt_row, q_smem, k_ring, v_ring, q_bar, k_full,
-                            k_empty, v_full, v_empty, q0, tok0, lq, kvh, hi, n_tiles, stride_qt,
-                            stride_qh,
-                            sb_k, stride_kt, sb_v, stride_vt, GROUP, GROUP_P, HEAD_DIM, PAGE,
-                            BLOCK_M, BLOCK_N, NS, P_WARPS))],
-            [num_warps, P_WARPS], [C_REGS, P_REGS])
-    else:
-        gl.warp_specialize([
-            (_ws_consumer, (out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empty,
-                            v_full, v_empty, q0, tok0, lq, kvh, prefix, hi, full, n_tiles,
-                            qk_scale, stride_ot, stride_oh, stride_lt, stride_lh, GROUP, GROUP_P,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, NS, CAUSAL, RETURN_LSE, LOOP_FENCE,
-                            num_warps, 0, BLOCK_M)),
-            (_ws_producer, (q_ptr, kc_h, vc_h, bt_row, q_smem, k_ring, v_ring, q_bar, k_full,
-                            k_empty, v_full, v_empty, q0, tok0, lq, kvh, hi, n_tiles, stride_qt,
-                            stride_qh,
-                            sb_k, stride_kt, sb_v, stride_vt, GROUP, GROUP_P, HEAD_DIM, PAGE,
-                            BLOCK_M, BLOCK_N, NS, P_WARPS))],
-            [P_WARPS], [P_REGS])
+    gl.warp_specialize([
+        (_ws_consumer, (out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empty,
+                        v_full, v_empty, q0, tok0, lq, kvh, prefix, hi, full, n_tiles,
+                        qk_scale, stride_ot, stride_oh, stride_lt, stride_lh, GROUP, GROUP_P,
+                        HEAD_DIM, BLOCK_M, BLOCK_N, NS, CAUSAL, RETURN_LSE,
+                        num_warps, 0, HALF)),
+        (_ws_consumer, (out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empty,
+                        v_full, v_empty, q0, tok0, lq, kvh, prefix, hi, full, n_tiles,
+                        qk_scale, stride_ot, stride_oh, stride_lt, stride_lh, GROUP, GROUP_P,
+                        HEAD_DIM, BLOCK_M, BLOCK_N, NS, CAUSAL, RETURN_LSE,
+                        num_warps, HALF, HALF)),
+        (_ws_producer, (q_ptr, kc_h, vc_h, bt_row, q_smem, k_ring, v_ring, q_bar, k_full,
+                        k_empty, v_full, v_empty, q0, tok0, lq, kvh, hi, n_tiles, stride_qt,
+                        stride_qh,
+                        sb_k, stride_kt, sb_v, stride_vt, GROUP, GROUP_P, HEAD_DIM, PAGE,
+                        BLOCK_M, BLOCK_N, NS, P_WARPS))],
+        [num_warps, P_WARPS], [C_REGS, P_REGS])
+

@@ -1,7 +1,7 @@
 """Launch replay: the eager fast path of the Triton backend on NVIDIA GPUs.
 
 Why: an eager decode call spent ~400 us of host time on the H200 host against ~15 us of GPU time
-(scripts/launch_profile.py, session 13): Triton binds and specialises ~65 arguments per launch
+: Triton binds and specialises ~65 arguments per launch
 (35-66 us a launch), and the launcher re-derives tiles, modes, device properties, environment
 knobs and workspace shapes every call. Engines capture decode in CUDA graphs, where none of it
 remains, but an eager caller pays it per layer.
@@ -21,25 +21,22 @@ Limits: triton 3.6 (the version whose launch protocol this mirrors; others take 
 no launch hooks set (profilers), no tensor that is not one of the named slots (then nothing is
 recorded). ``PAGEDATTN_LAUNCH_REPLAY=0`` turns it off.
 """
-import sys
 
 import torch
 
-from pagedattn import _env
+from pagedattn import config
 
-ENV = "PAGEDATTN_LAUNCH_REPLAY"
 TRITON = "3.6."  # JITFunction.run's launch protocol, read from this release
 MAX_ENTRIES = 512  # distinct metadata keys kept (then the cache starts over)
 _CACHE = {}
 _VERSION_OK = None  # whether this triton is TRITON (read once)
-_ENV_KEY = _env.names(ENV)
 
 
 def enabled(device) -> bool:
     """Replay is possible for calls on ``device``: CUDA, triton 3.6, no launch hooks (profilers),
     no Triton debug or instrumentation mode."""
     global _VERSION_OK
-    if device.type != "cuda" or _env.values(_ENV_KEY)[0] in ("0", b"0"):
+    if device.type != "cuda" or not config.get("PAGEDATTN_LAUNCH_REPLAY"):
         return False
     if _VERSION_OK is None:
         import triton
@@ -151,24 +148,13 @@ class Replay:
 # paged decode (decode.run)
 # ----------------------------------------------------------------------------------------------
 
-# every environment knob the decode launcher reads (decode.py, _decode_gluon.py)
-DECODE_KNOBS = ("PAGEDATTN_DECODE_VARIANT", "PAGEDATTN_DECODE_GLUON_TILE",
-                "PAGEDATTN_DECODE_GLUON_EARLY", "PAGEDATTN_DECODE_GLUON_FORM",
-                "PAGEDATTN_DECODE_GLUON_PIPE",
-                "PAGEDATTN_DECODE_PPP", "PAGEDATTN_DECODE_MODE",
-                "PAGEDATTN_DECODE_CONFIG", "PAGEDATTN_DECODE_COMBINE", "PAGEDATTN_DECODE_PDL",
-                "PAGEDATTN_DECODE_MAXNREG", "PAGEDATTN_DECODE_FP8_DOT", "PAGEDATTN_DECODE_ROWSUM",
-                "PAGEDATTN_DECODE_FOLD", "PAGEDATTN_DECODE_FINE",
-                "TRITON_INTERPRET")
-_DECODE_KNOBS_KEY = _env.names(*DECODE_KNOBS)
+# every environment variable the decode launcher reads (decode.py)
+DECODE_KNOBS = ("PAGEDATTN_DEV_DECODE_KERNEL", "PAGEDATTN_DEV_DECODE_MODE", "TRITON_INTERPRET")
+_DECODE_KNOBS_KEY = config.names(*DECODE_KNOBS)
 
 
 def decode_key(call, force_mode, current):
-    """Everything decode.run's launches depend on besides the tensors' data: None when the call
-    must take the normal path (a Gluon TIMELINE buffer is set)."""
-    gluon = sys.modules.get("pagedattn.triton_kernels._decode_gluon")
-    if gluon is not None and gluon.TIMELINE is not None:
-        return None
+    """Everything decode.run's launches depend on besides the tensors' data."""
     q, k, v, bt, out, o = call.q, call.k_cache, call.v_cache, call.block_table, call.out, call.opts
     own = (q, k, v, bt, call.seq_lens, out, o.k_scale, o.v_scale, o.alibi_slopes, o.sinks)
     return (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
@@ -176,7 +162,7 @@ def decode_key(call, force_mode, current):
             call.layout, o.scale, o.sliding_window, o.logit_cap, call.partition_size,
             call.return_lse, q.device, current, force_mode,
             alignment(*own), aliasing(*own),
-            _env.values(_DECODE_KNOBS_KEY))
+            config.values(_DECODE_KNOBS_KEY))
 
 
 def decode_tensors(call) -> dict:
@@ -213,10 +199,10 @@ def store_key(k, v, k_cache, v_cache, slot_mapping, layout, k_scale, v_scale, cu
     return ("store_kv", k.shape[1:], k.stride(), k.dtype, v.stride(), v.dtype, k_cache.shape,
             k_cache.stride(), k_cache.dtype, v_cache.shape, v_cache.stride(), v_cache.dtype,
             slot_mapping.dtype, slot_mapping.stride(), layout, k.device, current,
-            alignment(*own), aliasing(*own), _env.values(_STORE_KNOBS_KEY))
+            alignment(*own), aliasing(*own), config.values(_STORE_KNOBS_KEY))
 
 
-_STORE_KNOBS_KEY = _env.names("TRITON_INTERPRET")
+_STORE_KNOBS_KEY = config.names("TRITON_INTERPRET")
 
 
 def store_tensors(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> dict:

@@ -26,8 +26,8 @@ Two launch shapes evaluate exactly this arithmetic:
   Program y < B runs sequence y's first share; the others take the batch's later shares in
   order (``extra_share``), so the grid does not grow with the table's width. The Gluon
   forms run the same plan. The count rule (one pass when B * Hkv >= dispatch.core.FILL * SMs,
-  else split with partitions per program from the table's width) serves the Gluon ``ws`` form
-  and ``PAGEDATTN_DECODE_MODE=count``.
+  else split with partitions per program from the table's width) serves grids past CUDA's
+  limit on axis 1.
 
 NOTE batch invariance: split points depend only on the sequence and the partition size (never
 on the batch); every launch shape runs the same tile code on the same tiles and the same merge
@@ -36,57 +36,51 @@ the merge. So a sequence's output is bitwise identical whatever else is in the b
 whichever launch shape the batch selects (the balanced plan reads the lengths: it moves
 work between programs, never a split point).
 
-This module is the launcher (launch-shape rules, workspace); the tile configs and tuning knobs
-are in ``_decode_configs.py``, the ``@triton.jit`` kernels in ``_decode_kernels.py`` (tile loop,
-decode kernel), ``_decode_cs.py`` (column split), ``_decode_state.py`` (merge, park, the
-in-kernel fold) and ``_decode_combine.py``. On sm_90 under triton 3.6 a Gluon kernel
-(``_decode_gluon.py``, :func:`variant`) serves MHA calls and calls on pages of >= 64 tokens: the
-same grids, plan, workspace and merge, so it shares the combine and the batch-invariance
-argument.
+This module is the launcher (launch-shape rules, workspace); the tile configs are in
+``_decode_configs.py``, the ``@triton.jit`` kernels in ``_decode_kernels.py`` (tile loop, decode
+kernel), ``_decode_state.py`` (merge, park, the balanced plan) and ``_decode_combine.py``. On
+sm_90 under triton 3.6 a Gluon kernel (``_decode_gluon.py``, :func:`variant`) serves MHA calls
+and calls on pages of >= 64 tokens: the same grids, plan, workspace and merge, so it shares the
+combine and the batch-invariance argument.
 """
-import os
-
 import torch
 import triton
 
+from pagedattn import config
 from pagedattn import layouts as L
 from pagedattn._triton import next_pow2
 from pagedattn.dispatch import core as _dispatch
 from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels import _replay
 from pagedattn.triton_kernels._decode_configs import (MAX_ROWS, _combine_config, _config,
-                                                      _f16_dot, _fold_last, _fold_tile,
-                                                      _lazy_rowsum, _maxnreg, fill_n)
+                                                      _f16_dot, _lazy_rowsum, fill_n)
 from pagedattn.triton_kernels._decode_combine import _combine_kernel
-from pagedattn.triton_kernels._decode_kernels import STAMPS, _decode_kernel, gdc_wait
+from pagedattn.triton_kernels._decode_kernels import _decode_kernel, gdc_wait
 
-FORCE_MODE = None  # tests/bench: one_pass | split | balance | None (rule); PAGEDATTN_DECODE_MODE
+FORCE_MODE = None  # tests: one_pass | split | balance | count | None (PAGEDATTN_DEV_DECODE_MODE)
 # tests: (FILL_N, SLOTS, FINE) of the balanced launch (_balance), else None (the device's)
 BALANCE = None
+# tests: partitions per split program of the count rule (_parts_per_program), else None (the rule)
+PPP = None
 # sequence lengths per load of _decode_state.plan: the batch size rounded up to a power of 2
-# within these bounds (one load up to 512 sequences; 256 at the least: one variant up to it;
-# offline sm_90, 1024 took the BAL combine from 120 to 167 registers)
+# within these bounds (one load up to 512 sequences; 256 at the least, so one specialisation
+# serves every batch up to it; offline sm_90, 1024 takes the balanced combine from 120 to 167
+# registers)
 NB_BLOCK = (256, 512)
 # the Gluon swap form's balanced shares: cdiv(T, SWAP_GRAIN x FINE x one wave) partitions on every
-# batch (one partition per split program was its best under the count rule, session 15). H200,
-# session 20 (bench/results/2026-12-02-h200-s20/ab_swap_fine_8bef2a2.md), 32/32 block 16, the
-# grain 16 x one wave against 4: 1.033x at (8, 8192), 1.007x at (1, 32768), 0.997x and 0.991x
-# at (64, 4096) and (256, 2048) (a larger grid of extra programs, empty on even batches)
+# batch. On the H200 (32/32, block 16) the grain 16 x one wave against 4 is 1.033x at (8, 8192),
+# 1.007x at (1, 32768), 0.997x and 0.991x at (64, 4096) and (256, 2048)
 SWAP_GRAIN = 4
+# a ragged batch's shares are a quarter of a slot's mean work
+FINE = 4
 # tests: a float every new workspace is filled with (a partition never parked then shows in the
 # output), else None
 WS_FILL = None
-# scripts/decode_timeline.py --backend triton: an int64 CUDA tensor of >= STAMPS entries per
-# program makes the Triton kernel's next launches write %globaltimer stamps into it (no replay
-# while set); None: no stamps (none compiled in)
-TIMELINE = None
 
 
 def _pdl(device):
-    """Programmatic dependent launch of the combine (NVIDIA sm_90+; PAGEDATTN_DECODE_PDL=0 off)."""
+    """Programmatic dependent launch of the combine (NVIDIA sm_90+): it saves 0.4-0.7 us."""
     if device.type != "cuda" or getattr(torch.version, "hip", None) or gdc_wait is None:
-        return False
-    if os.environ.get("PAGEDATTN_DECODE_PDL", "1") == "0":
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 
@@ -129,16 +123,13 @@ def _slots(smem, warps, device, regs=None):
 def _balance(smem, warps, device, programs, swap):
     """(FILL_N, SLOTS, FINE) of the balanced launch (``_decode_state.plan``) of ``programs``
     (B x Hkv) programs (``swap``: the Gluon swap form's): FILL_N from ``fill_n``,
-    SLOTS = :func:`_slots` (one wave), FINE = PAGEDATTN_DECODE_FINE (default 4: a ragged batch's
-    shares are a quarter of a slot's mean work). ``BALANCE`` overrides (tests)."""
-    fine = _dispatch.count_or_auto(os.environ.get("PAGEDATTN_DECODE_FINE", "4"),
-                                   "PAGEDATTN_DECODE_FINE") or 4
+    SLOTS = :func:`_slots` (one wave), FINE = :data:`FINE`. ``BALANCE`` overrides (tests)."""
     if BALANCE is not None:
         return BALANCE
     if device.type != "cuda":
-        return _dispatch.FILL, 4, fine  # interpreter: tests set BALANCE for the cases they need
+        return _dispatch.FILL, 4, FINE  # interpreter: tests set BALANCE for the cases they need
     slots = _slots(smem, warps, device)
-    return fill_n(programs, _num_sms(device), slots, swap, _dispatch.FILL), slots, fine
+    return fill_n(programs, _num_sms(device), slots, swap, _dispatch.FILL), slots, FINE
 
 
 def _balance_extra(n_part_max, nb, hkv, slots):
@@ -150,30 +141,25 @@ def _balance_extra(n_part_max, nb, hkv, slots):
 
 
 def _parts_per_program(programs, n_part_max, smem, warps, device, regs=None, one=False):
-    """Partitions per split program (PAGEDATTN_DECODE_PPP: an integer, or ``auto``, the default).
-
-    ``auto``: as few as keep the split grid in one wave of resident programs (``smem``, warps,
-    ``regs``: one program's shared memory, warps and, where they may bound it, registers per
-    thread); ``one``: one (``_decode_gluon.one_partition``). Same bits for any value: partition
-    states and the combine's order do not change. H200, 2026-11-30 (h200-s4/ppp_sweep.log):
-    (8, 8192) 32/8 84.9 -> 72.9 us, (1, 32768) and (1, 4096) unchanged (one wave already).
-    Never fewer than keep the grid's partition axis within 65535 (CUDA's limit).
-    """
-    ppp = _dispatch.count_or_auto(os.environ.get("PAGEDATTN_DECODE_PPP", "auto"),
-                                  "PAGEDATTN_DECODE_PPP")
-    if not ppp and (device.type != "cuda" or one):
+    """Partitions per split program of the count rule: as few as keep the split grid in one wave
+    of resident programs (``smem``, warps, ``regs``: one program's shared memory, warps and,
+    where they may bound it, registers per thread); ``one``: one (``_decode_gluon.one_partition``).
+    Same bits for any value: partition states and the combine's order do not change. Never fewer
+    than keep the grid's partition axis within 65535 (CUDA's limit)."""
+    if PPP is not None:
+        ppp = PPP
+    elif device.type != "cuda" or one:
         ppp = 1
-    elif not ppp:
+    else:
         ppp = -(-programs // _slots(smem, warps, device, regs))
     return max(1, min(ppp, n_part_max), -(-n_part_max // 65535))
 
 
-VARIANT_ENV = "PAGEDATTN_DECODE_VARIANT"
 GLUON_TRITON = "3.6."  # the triton the Gluon kernel is written and GPU-tested for (API churn)
 
 
 def variant() -> str:
-    """``PAGEDATTN_DECODE_VARIANT``: which kernel serves a decode call.
+    """Which kernel serves a decode call (``PAGEDATTN_DEV_DECODE_KERNEL``, internal):
 
     * ``auto`` (default): the Gluon sm_90 kernel (``_decode_gluon``) for the calls its gate
       accepts that are MHA (one query head per KV head) or whose pages hold at least one of its
@@ -182,17 +168,13 @@ def variant() -> str:
     * ``triton``: always the Triton kernel.
 
     The choice depends on the model (group size), the cache (block size, dtype, layout) and the
-    options, never on the batch, so batch invariance holds. H200, session 12
-    (bench/results/2026-12-01-h200-s12, CUDA graphs, one process, ab_gluon2_340439b.md): against
-    the Triton kernel the Gluon kernel (EARLY refill) was 1.003-1.039x on the 32/32 rows but two
-    (0.995, 0.997), 0.992-1.029x on the 32/8 block-64 rows, and on 32/8 block 16 level on the
-    one-pass rows but 0.968x at (1, 32768) and 0.975x at (128, 512): GQA with pages shorter
-    than its tile (several block ids per tile) keeps the Triton kernel.
+    options, never on the batch, so batch invariance holds. On the H200 (CUDA graphs) the Gluon
+    kernel is 1.003-1.039x the Triton kernel's speed on MHA rows and 0.992-1.029x on 32/8 rows
+    with 64-token pages, but 0.968x at (1, 32768) and 0.975x at (128, 512) on 32/8 with 16-token
+    pages: GQA with pages shorter than its tile (several block ids per tile) keeps the Triton
+    kernel (docs/performance.md).
     """
-    raw = os.environ.get(VARIANT_ENV, "") or "auto"
-    if raw not in ("auto", "gluon", "triton"):
-        raise ValueError(f"{VARIANT_ENV}={raw!r}: expected auto, gluon or triton")
-    return raw
+    return config.get("PAGEDATTN_DEV_DECODE_KERNEL")
 
 
 def gluon_kernel():
@@ -223,14 +205,15 @@ MODES = ("one_pass", "split", "balance", "count")
 
 
 def _mode(num_seqs, num_kv_heads, device, n_part_max, count=False):
-    """The launch shape: one_pass or split when forced (FORCE_MODE, PAGEDATTN_DECODE_MODE); else
+    """The launch shape: one_pass or split when forced (FORCE_MODE, PAGEDATTN_DEV_DECODE_MODE); else
     one pass when every sequence fits one partition; else balanced; ``count`` (forced, or the
     argument: a Gluon form with no balanced launch, a grid past CUDA's limit) takes the count
     rule: one pass when the (head, sequence) programs alone make dispatch.core.FILL waves, else
     split. Every launch shape gives bitwise-equal outputs."""
-    forced = FORCE_MODE or os.environ.get("PAGEDATTN_DECODE_MODE") or None
+    forced = FORCE_MODE or config.get("PAGEDATTN_DEV_DECODE_MODE")
+    forced = None if forced == "auto" else forced
     if forced not in (None,) + MODES:
-        raise ValueError(f"PAGEDATTN_DECODE_MODE: expected one of {', '.join(MODES)}, got "
+        raise ValueError(f"decode.FORCE_MODE: expected one of {', '.join(MODES)}, got "
                          f"{forced!r}")
     if forced in ("one_pass", "split"):
         return forced
@@ -251,7 +234,7 @@ def run(call):
     dev = q.device
     key = None
     # eager fast path: this metadata's launches, recorded (_replay.py)
-    if _replay.enabled(dev) and TIMELINE is None:
+    if _replay.enabled(dev):
         cur = torch.cuda.current_device()
         key = _replay.decode_key(call, FORCE_MODE, cur)
         rep = _replay.lookup(key)
@@ -269,14 +252,12 @@ def run(call):
     block_d = max(16, next_pow2(d))
     block_m = max(16, next_pow2(rows))
     cfg = _config(block_d, rows, call.k_cache.element_size(), dev)
-    block_n, num_warps, num_stages, sub = (cfg + (1,))[:4]
+    block_n, num_warps, num_stages = cfg
     if dev.type != "cuda":  # interpreter: small tiles so tiny test sequences still span several
-        block_n = 16 * sub
+        block_n = 16
     block_n = min(block_n, max(16, part))
-    if sub > 1 and (part % block_n or block_n // sub < 16):
-        sub = 1  # the column split needs whole tiles per partition and 16-key sub-tiles
     n_part_max = max(1, triton.cdiv(call.block_table.shape[1] * bs, part))  # host bound, no sync
-    c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)  # env checked
+    c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)
     ks, vs = L.k_strides(call.k_cache, call.layout), L.v_strides(call.v_cache, call.layout)
     f32 = dict(dtype=torch.float32, device=dev)
     dummy = torch.empty(1, **f32)  # the pointer of every disabled input/output: never touched
@@ -297,11 +278,9 @@ def run(call):
                   RETURN_LSE=call.return_lse)
     # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
     gk, g_tile = _gluon(call, ks, vs, rows, part, dev)
-    mode = _mode(nb, hkv, dev, n_part_max, gk is not None and not gk.balanced(rows, g_tile[0]))
+    mode = _mode(nb, hkv, dev, n_part_max)
     # partition states go through the workspace
     parked = mode in ("split", "balance") and n_part_max > 1
-    if mode == "balance":
-        sub = 1  # the column split serves the forced launch shapes only
     one = False
     if gk is not None:
         smem = gk.smem_bytes(d, *g_tile, rows=rows, bal=mode == "balance")
@@ -326,18 +305,15 @@ def run(call):
         grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
     bal = dict(NB=nb, FILL_N=fill_at, SLOTS=slots, FINE=fine, BAL=mode == "balance",
                NB_BLOCK=min(max(NB_BLOCK[0], next_pow2(nb)), NB_BLOCK[1]))
-    # knob read first: checked; Gluon and the balanced launch: the combine
-    fold = _fold_last() and mode == "split" and n_part_max > 1 and gk is None
-    pdl = parked and not fold and _pdl(dev)
+    pdl = parked and _pdl(dev)
     if gk is not None:
         gk.launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max,
                   ppp, mode == "one_pass", pdl, *g_tile, bal, rec=rec)
     else:
         _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max,
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
-                       sub, common, bal, rec,
-                       torch.zeros((nb, hkv), dtype=torch.int32, device=dev) if fold else dummy)
-    if parked and not fold:
+                       common, bal, rec)
+    if parked:
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
         _replay.launch(
             rec, _combine_kernel, (hkv, nb, rows * c_dsplit),
@@ -353,20 +329,13 @@ def run(call):
 
 
 def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max, ppp,
-                   mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages, sub,
-                   common, bal, rec, cnt):
+                   mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages, common, bal,
+                   rec):
     """The Triton decode kernel (``_decode_kernels._decode_kernel``) on ``grid``; rec: an
-    ``_replay.Recorder`` or None; cnt: the fold counters (int32 zeros [B, Hkv]) or a dummy."""
+    ``_replay.Recorder`` or None."""
     q, o, bs = call.q, call.opts, call.geom.block_size
     lq, hq, d = q4.shape[1], q4.shape[2], q4.shape[3]
     one_block = bs % block_n == 0 and part % block_n == 0
-    if TIMELINE is not None and (TIMELINE.dtype != torch.int64 or TIMELINE.device != q.device
-                                 or TIMELINE.numel() < STAMPS * grid[0] * grid[1] * grid[2]):
-        raise ValueError(f"decode.TIMELINE: expected int64 on {q.device}, >= {STAMPS} per "
-                         f"program of the grid {grid}")
-    fold = cnt.dtype == torch.int32
-    fold_r, fold_u = _fold_tile(common["R"], common["BLOCK_D"], num_warps, n_part_max) \
-        if fold else (1, 1)
     _replay.launch(
         rec, _decode_kernel, grid,
         q_ptr=q4, k_ptr=call.k_cache, v_ptr=call.v_cache, block_table_ptr=call.block_table,
@@ -375,9 +344,7 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         v_scale_ptr=o.v_scale if has_kv_scale else dummy,
         slopes_ptr=o.alibi_slopes if o.alibi_slopes is not None else dummy,
         sinks_ptr=o.sinks if o.sinks is not None else dummy,
-        out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, cnt_ptr=cnt,
-        tl_ptr=TIMELINE if TIMELINE is not None else dummy, TIMELINE=TIMELINE is not None,
-        FOLD=fold, FOLD_R=fold_r, FOLD_UNROLL=fold_u, scale=float(o.scale),
+        out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, scale=float(o.scale),
         cap=float(o.logit_cap or 1.0),
         window=int(o.sliding_window or 0), Hq=hq, LQ=lq, P=n_part_max,
         BT_W=call.block_table.shape[1], PART=part,
@@ -390,10 +357,9 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         stride_vdl=vs.dim_lo,
         BS=bs, K_X=ks.x, K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1,
         BLOCK_N=block_n, ONE_BLOCK=one_block, ONE_PASS=mode == "one_pass", MULTI=ppp > 1,
-        SUB=sub, LAZY_L=_lazy_rowsum(block_m, block_n), PDL=pdl,
+        LAZY_L=_lazy_rowsum(block_m, block_n), PDL=pdl,
         PPP=ppp, CAUSAL=lq > 1,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
         F16_DOT=_f16_dot(q.dtype, call.k_cache.dtype, q.device), BLOCK_M=block_m,
-        num_warps=num_warps, num_stages=num_stages, **_maxnreg(q.device),
-        **bal, **common)
+        num_warps=num_warps, num_stages=num_stages, **bal, **common)

@@ -25,7 +25,7 @@ import triton.language as tl
 from pagedattn import layouts as L
 from pagedattn.reference import is_fp8
 from pagedattn.triton_kernels import _extend_configs as C
-from pagedattn.triton_kernels import _extend_variants as V
+from pagedattn.triton_kernels import _extend_loop as V
 from pagedattn.triton_kernels._common import (LN2, LOG2E, alibi_bias, finalize_state, kv_offset,
                                               online_softmax_step, soft_cap, visible)
 
@@ -163,15 +163,14 @@ def _extend_fwd(
     stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64, stride_kdh: tl.int64,
     stride_kdl: tl.int64, stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
     stride_vdh: tl.int64, stride_vdl: tl.int64,
-    tune_class,  # autotuning key only (shape class of the call)
     K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr, V_LO_ONE: tl.constexpr,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_NM: tl.constexpr,  # keys per masked (diagonal) tile of the variant loop; divides BLOCK_N
+    BLOCK_NM: tl.constexpr,  # keys per masked (diagonal) tile of the one-pass loop; divides BLOCK_N
     CAUSAL: tl.constexpr, NEW_FROM_CACHE: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_SINKS: tl.constexpr, KV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
-    VARIANT: tl.constexpr,  # 0: the loop below; else an A/B variant (_extend_variants.py)
+    ONE_LOOP: tl.constexpr,  # the one-pass key loop (_extend_loop.py); else the two stages below
 ):
     # Preconditions (launcher): BLOCK_M % GROUP_P == 0, GROUP <= GROUP_P, HEAD_DIM <= HEAD_DIM_P,
     # powers of 2 for every tile dim, q/out/k_new last dim contiguous, 0 <= Lq <= Lk.
@@ -180,16 +179,17 @@ def _extend_fwd(
     kvh = tl.program_id(1).to(tl.int64)
     mblk = tl.num_programs(0) - 1 - tl.program_id(0)  # last query block first (most keys)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    ids0 = V.first_ids(bt_row, bt_w, PAGE, BLOCK_N, VARIANT)  # ``early``: before any load
+    if ONE_LOOP:
+        ids0 = V.first_ids(bt_row, bt_w, PAGE, BLOCK_N)  # before any other load
     q0 = tl.load(cu_ptr + b).to(tl.int64)
     lq = tl.load(cu_ptr + b + 1).to(tl.int64) - q0
     tok0 = mblk * BLOCK_Q
     lk = tl.load(lens_ptr + b).to(tl.int64)
-    # NOTE ``early`` has no early exit: the branch held lk and the first tile's block ids behind
+    # NOTE the one-pass loop has no early exit: the branch held lk and the first tile's ids behind
     # the round trip for cu_seqlens (three dependent round trips before the first K/V tile, two
     # without it). A program past its request's Lq instead runs an empty key range (one_pass's
     # `live`) with every q load and store masked off.
-    if VARIANT < 5 or not NEW_FROM_CACHE:
+    if not ONE_LOOP or not NEW_FROM_CACHE:
         if tok0 >= lq:
             return
     prefix = lk - lq
@@ -224,12 +224,12 @@ def _extend_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
 
-    if VARIANT != 0 and NEW_FROM_CACHE:  # no custom mask or window: one pass (launcher checks)
+    if ONE_LOOP and NEW_FROM_CACHE:  # no custom mask or window: one pass (launcher checks)
         acc, m_i, l_i = V.one_pass(
             acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, scale_1, logit_cap, bt_row,
             bt_w, ids0, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
             stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
-            V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, BLOCK_NM, HEAD_DIM, HEAD_DIM_P, CAUSAL,
+            V_LO_ONE, PAGE, BLOCK_Q, BLOCK_N, BLOCK_NM, HEAD_DIM, HEAD_DIM_P, CAUSAL,
             HAS_CAP, HAS_ALIBI, KV_FP8, IEEE, tok0 < lq)
     else:
         # A window hides keys j <= p - W from every row once p >= tok0's position: skip those
@@ -245,13 +245,13 @@ def _extend_fwd(
 
         # Stage 1: the prefix [0, P), a dense rectangle. Full tiles run unmasked; the partial
         # last tile (and every tile under a window or custom mask) runs masked.
-        if VARIANT != 0:  # k_new/v_new, no mask or window: the variant's loop over
+        if ONE_LOOP:  # k_new/v_new, no mask or window: the one-pass loop over
             # the keys [0, prefix), all visible to every row: one_pass without the causal rule
             acc, m_i, l_i = V.one_pass(
                 acc, m_i, l_i, q, prefix, tok0, prefix, kvh, row_pos, slope2, scale_1, logit_cap,
                 bt_row, bt_w, ids0, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh,
                 stride_kdl, stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT,
-                K_LO_ONE, V_LO_ONE, VARIANT, PAGE, BLOCK_Q, BLOCK_N, BLOCK_NM, HEAD_DIM,
+                K_LO_ONE, V_LO_ONE, PAGE, BLOCK_Q, BLOCK_N, BLOCK_NM, HEAD_DIM,
                 HEAD_DIM_P, False, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE, True)
         else:
             full1 = lo1 if ANY_MASK else prefix // BLOCK_N * BLOCK_N
@@ -365,36 +365,30 @@ def run(call):
         stride_bt=call.block_table.stride(0),
         stride_kb=ks.block, stride_kt=ks.token, stride_kh=ks.head, stride_kdh=ks.dim_hi,
         stride_kdl=ks.dim_lo, stride_vb=vs.block, stride_vt=vs.token, stride_vh=vs.head,
-        stride_vdh=vs.dim_hi, stride_vdl=vs.dim_lo, tune_class=C.shape_class(t, max_q),
+        stride_vdh=vs.dim_hi, stride_vdl=vs.dim_lo,
         K_X=ks.x, K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1,
         GROUP=group, GROUP_P=group_p, HEAD_DIM=d, HEAD_DIM_P=d_p, PAGE=g.block_size,
         CAUSAL=bool(call.causal), NEW_FROM_CACHE=call.k_new is None, HAS_MASK=mask is not None,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, HAS_SINKS=o.sinks is not None, KV_FP8=kv_fp8,
         RETURN_LSE=bool(call.return_lse), IEEE=q.dtype == torch.float32,
-        VARIANT=V.resolve(has_mask=mask is not None, has_window=o.sliding_window is not None,
+        ONE_LOOP=V.serves(has_mask=mask is not None, has_window=o.sliding_window is not None,
                           page=g.block_size),
     )
     if call.k_new is not None and call.v_new.stride() != call.k_new.stride():
         raise ValueError("v_new: expected the same strides as k_new")
-    if V.requested() == V.GLUON:
-        gk = V.gluon_kernel()
-        if gk is not None and not gk.unsupported(call, ks, vs, C.family_of(q.device), group_p,
-                                                 max_q):
-            gk.launch(call, ks, vs, group, group_p, max_q, lse)
-            return lse if call.return_lse else None
+    gk = V.gluon_kernel()
+    if gk is not None and not gk.unsupported(call, ks, vs, C.family_of(q.device), group_p, max_q):
+        gk.launch(call, ks, vs, group, group_p, max_q, lse)
+        return lse if call.return_lse else None
     # grid = (cdiv(max_q, BLOCK_Q), Hkv, B) with BLOCK_Q = BLOCK_M // GROUP_P query tokens.
-    if C.autotune_enabled() and q.is_cuda:
-        grid = lambda meta: (triton.cdiv(max_q, meta["BLOCK_M"] // group_p), hkv, nseq)  # noqa
-        C.autotuned(_extend_fwd)[grid](**args)
-    else:
-        c = V.tile_config(C.default_config(q.device, d_p, group_p, max_q), args["VARIANT"],
-                          C.family_of(q.device), q.element_size())
-        extra = C.maxnreg_override(q.device)
-        if c.waves_per_eu and C.is_hip(q.device):
-            extra = dict(waves_per_eu=c.waves_per_eu, matrix_instr_nonkdim=c.matrix_instr_nonkdim)
-        grid = (triton.cdiv(max_q, c.block_m // group_p), hkv, nseq)
-        _extend_fwd[grid](**args, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-                          BLOCK_NM=C.masked_tile(c), num_warps=c.num_warps,
-                          num_stages=c.num_stages, **extra)
+    c = C.default_config(q.device, d_p, group_p, max_q)
+    if args["ONE_LOOP"]:
+        c = V.tile_config(c, C.family_of(q.device), q.element_size())
+    extra = {}
+    if c.waves_per_eu and C.is_hip(q.device):
+        extra = dict(waves_per_eu=c.waves_per_eu, matrix_instr_nonkdim=c.matrix_instr_nonkdim)
+    grid = (triton.cdiv(max_q, c.block_m // group_p), hkv, nseq)
+    _extend_fwd[grid](**args, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_NM=C.masked_tile(c),
+                      num_warps=c.num_warps, num_stages=c.num_stages, **extra)
     return lse if call.return_lse else None
