@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: $(VENV)/.installed
-	$(PY) -m bench run --out $(RESULTS_DIR)
+	$(PY) -m pagedattn.bench run --out $(RESULTS_DIR)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests

@@ -28,7 +28,7 @@ from triton.runtime import jit as _jit  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
 import pagedattn as pa  # noqa: E402
-from bench.bench_decode import _case  # noqa: E402
+from pagedattn.bench.decode import _case  # noqa: E402
 
 CASES = [  # name, (batch, ctx, Hq, Hkv, block)
     ("32/8 split (Triton kernel)", (1, 4096, 32, 8, 16)),

@@ -2,7 +2,7 @@
 
 usage: python3 scripts/ragged_decode.py [--heads 32/8,32/32] [--batch 64] [--short 512]
        [--long 32768] [--mix one_long|uniform|bimodal|even|spread] [--block 16] [--width KEYS]
-       [--backends triton,triton_tl,hip]
+       [--backends triton,triton_tl,flashinfer_fa2]
 Mixes: ``one_long`` (batch - 1 sequences of --short keys and one of --long), ``uniform``
 (lengths uniform in [1, --long], seeded), ``bimodal`` (half --short, half --long), ``even``
 (every sequence --long), ``spread`` (uniform in [3/4, 1] x --long, seeded: an even batch whose
@@ -10,10 +10,10 @@ partition counts differ). --width: the block table's width in keys (default --lo
 it by the model's length, and the count rule sizes split shares by it (the slack points at a
 valid page and is masked).
 Times the launch rule (the Triton backend, its Gluon forms too: balanced, shares sized from the
-lengths on the device; HIP: the count rule) against the count rule (Triton), each launch shape
-forced and split with one partition per program, from CUDA graphs, on a batch whose lengths are
+lengths on the device) against the count rule, each launch shape forced and split with one
+partition per program, from CUDA graphs, on a batch whose lengths are
 not equal: us per call and GB/s of the K/V actually visible. ``triton_tl``: the Triton kernel forced
-(PAGEDATTN_DECODE_VARIANT=triton; the Gluon kernel serves MHA and 64-token pages).
+(PAGEDATTN_DEV_DECODE_KERNEL=triton; the Gluon kernel serves MHA and 64-token pages).
 ``flashinfer``, ``flashinfer_fa2``, ``flashinfer_cuda``: FlashInfer's batch decode (tensor cores
 under "auto" / FA2, CUDA cores), planned from the lengths outside the timing; "rule" only.
 """
@@ -21,12 +21,24 @@ import argparse
 
 import torch
 
-from bench.bench_decode import (D, FLASHINFER_PATHS, _bench_graph, _case, _flashinfer, _ours,
+from pagedattn.bench.decode import (D, FLASHINFER_PATHS, _bench_graph, _case, _flashinfer, _ours,
                                 _with_env)
 
-MODES = {"triton": "PAGEDATTN_DECODE_MODE", "hip": "PAGEDATTN_HIP_DECODE_MODE"}
-PPP = {"triton": "PAGEDATTN_DECODE_PPP", "hip": "PAGEDATTN_HIP_DECODE_PPP"}
-BASE = {"triton": {}, "triton_tl": {"PAGEDATTN_DECODE_VARIANT": "triton"}, "hip": {}}
+from pagedattn.triton_kernels import decode as PD  # noqa: E402
+
+MODE = "PAGEDATTN_DEV_DECODE_MODE"
+BASE = {"triton": {}, "triton_tl": {"PAGEDATTN_DEV_DECODE_KERNEL": "triton"}}
+
+
+def _one_partition(fn):
+    """fn with one partition per split program (decode.PPP)."""
+    def run():
+        PD.PPP = 1
+        try:
+            return fn()
+        finally:
+            PD.PPP = None
+    return run
 
 
 def _lengths(a, gen):
@@ -56,7 +68,7 @@ def main():
                     choices=("one_long", "uniform", "bimodal", "even", "spread"))
     ap.add_argument("--width", type=int, default=None)
     ap.add_argument("--block", type=int, default=16)
-    ap.add_argument("--backends", default="triton,triton_tl,hip")
+    ap.add_argument("--backends", default="triton,triton_tl")
     a = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     cpu_gen = torch.Generator().manual_seed(0)
@@ -87,13 +99,11 @@ def main():
                     continue
                 t += [None] * 4
             else:
-                kind = "hip" if be == "hip" else "triton"
-                fn = _ours(q, k, v, table, lens, out, kind)
-                envs = [{}, {MODES[kind]: "count"} if kind == "triton" else None,
-                        {MODES[kind]: "one_pass"}, {MODES[kind]: "split"},
-                        {MODES[kind]: "split", PPP[kind]: "1"}]
-                t = [None if env is None else _bench_graph(_with_env(fn, **BASE[be], **env))
-                     for env in envs]
+                fn = _ours(q, k, v, table, lens, out, "triton")
+                envs = [{}, {MODE: "count"}, {MODE: "one_pass"}, {MODE: "split"}]
+                t = [_bench_graph(_with_env(fn, **BASE[be], **env)) for env in envs]
+                split = _with_env(fn, **BASE[be], **{MODE: "split"})
+                t.append(_bench_graph(_one_partition(split)))
             cells = " | ".join("-" if x is None else f"{x:.1f}" for x in t)
             bw = " | ".join("-" if x is None else f"{kb / x:.0f}" for x in (t[0], t[4]))
             print(f"| {hq}/{hkv} | {be} | {cells} | {bw} |", flush=True)

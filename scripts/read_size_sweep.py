@@ -2,7 +2,7 @@
 
 The decode fractions divide by the ceiling of a 4 GiB read. A decode call reads far less at
 (1, 32768) 32/8 (134 MB, one wave of 512 programs), so launch, ramp-up and tail weigh more. This
-times the streaming-read kernel of bench.read_probe (every tile config) and ``x.sum()`` from CUDA
+times the streaming-read kernel of pagedattn.bench.read_probe (every tile config) and ``x.sum()`` from CUDA
 graphs of 10 calls, as bench_decode times decode, over the decode shapes' byte counts, and prints
 each size's best GB/s, time, and fraction of the 4 GiB ceiling.
 
@@ -10,7 +10,7 @@ usage: python scripts/read_size_sweep.py [--csv PATH]
 """
 import argparse
 
-from bench.read_probe import read_ceiling
+from pagedattn.bench.read_probe import read_ceiling
 
 # bytes of K+V read by the issue's decode shapes (D 128, bf16): (label, bytes)
 SIZES = [("(1,32768) 32/8", 134_217_728), ("(8,8192) 32/8", 268_435_456),

@@ -16,14 +16,11 @@ import torch
 
 pytest.importorskip("pandas")
 pytest.importorskip("tabulate")
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # bench/ is not installed: import it from the checkout
-    sys.path.insert(0, str(REPO))
 
-from bench import workloads as W  # noqa: E402
-from bench.engine import ForkEngine, RadixEngine  # noqa: E402
-from bench.model import ModelConfig, TinyDecoder  # noqa: E402
-from bench.replay import run_workload  # noqa: E402
+from pagedattn.bench import workloads as W  # noqa: E402
+from pagedattn.bench.engine import ForkEngine, RadixEngine  # noqa: E402
+from pagedattn.bench.model import ModelConfig, TinyDecoder  # noqa: E402
+from pagedattn.bench.replay import run_workload  # noqa: E402
 
 TOL = 1e-4  # fp32 on CPU: only the summation order differs between the two runs
 WORKLOADS = {f.__name__: f for f in W.ALL}
@@ -115,7 +112,7 @@ def test_read_probe_reads_every_element():
     that skipped loads would report an inflated ceiling."""
     import torch
 
-    from bench.read_probe import stream_sum
+    from pagedattn.bench.read_probe import stream_sum
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs it under the interpreter
     x = (torch.arange(5000, dtype=torch.float32) % 7 - 3).to(dev)
     for blk, it, w in ((256, 4, 4), (1024, 2, 4)):
