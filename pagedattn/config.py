@@ -41,7 +41,7 @@ _DECLARED = (
         "than 15); a multiple of the block size", ("auto",)),
     Var("PAGEDATTN_LAUNCH_REPLAY", "bool", "1",
         "eager GPU decode calls relaunch the recorded launches of metadata seen before "
-        "(host time per call 49-124 us instead of 121-399 on the H200)"),
+        "(49-124 us of host time per decode instead of 121-399 on the H200)"),
     Var("PAGEDATTN_CACHE_DIR", "path", "",
         "where HIP builds and self-check records live (empty: `$XDG_CACHE_HOME/pagedattn` or "
         "`~/.cache/pagedattn`)"),

@@ -12,7 +12,7 @@ import argparse
 
 from pagedattn.bench.read_probe import read_ceiling
 
-# bytes of K+V read by the decode shapes (D 128, bf16): (label, bytes)
+# bytes of K+V read by the decode table's shapes (D 128, bf16): (label, bytes)
 SIZES = [("(1,32768) 32/8", 134_217_728), ("(8,8192) 32/8", 268_435_456),
          ("(128,512) 32/8", 268_435_456), ("(1,32768) 32/32", 536_870_912),
          ("(64,4096) 32/8", 1_073_741_824), ("(256,2048) 32/8", 2_147_483_648),

@@ -15,10 +15,9 @@ if not HAS_GPU:
 os.environ.setdefault("PAGEDATTN_VALIDATE", "1")
 # triton.jit picks the interpreter when a kernel is decorated, i.e. when its module is first
 # imported. Import every Triton kernel module now, under this tier's setting: dispatch tests
-# monkeypatch TRITON_INTERPRET and may trigger the first import, which on the H200 left an xdist
-# worker's kernels interpreted for the rest of the run (session 9: a GPU-tier failure, "Cannot
-# call @triton.jit'd outside of the scope of a kernel", and extend tests 3x slower, depending on
-# which tests reached the worker first).
+# monkeypatch TRITON_INTERPRET and may trigger the first import, which can leave an xdist worker's
+# kernels interpreted for the rest of a GPU run ("Cannot call @triton.jit'd outside of the scope
+# of a kernel", and extend tests 3x slower, depending on which tests reached the worker first).
 from pagedattn._triton import triton_available  # noqa: E402
 
 if triton_available():

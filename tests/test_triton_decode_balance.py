@@ -172,7 +172,7 @@ def test_plan_matches_the_model_on_random_batches(device, n_seq, parts, spread, 
     (True, 396, {256: 0, 395: 0, 396: 1, 397: 0, 416: 0, 1187: 0, 1188: 1})])
 def test_fill_n_follows_the_wave_rule(swap, slots, fills):
     """One pass for even batches from FILL x SMs programs (the H200's 132 SMs), the swap form not
-    between one and three waves of its resident programs (session 22's A/B)."""
+    between one and three waves of its resident programs (measured on the H200)."""
     for programs, want in fills.items():
         got = DC.fill_n(programs, 132, slots, swap, 3)
         assert got in (programs, programs + 1) and (got == programs) == bool(want), programs

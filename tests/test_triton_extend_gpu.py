@@ -100,7 +100,7 @@ def test_gpu_triton_loops_bf16_real_sizes(device, monkeypatch, window):
 # ----------------------------------------------------------------------------------------------
 
 GLUON_CASES = [  # every case must reach the Gluon kernel (asserted): rows >= one 128-row block
-    # the heads; prefixes on/off the page and the 128-key tile grid; Lq 1 and 0
+    # the extend table's heads; prefixes on/off the page and the 128-key tile grid; Lq 1 and 0
     dict(layout="bhsd", dtype=torch.bfloat16, heads=(32, 8), d=128, bs=16,
          prefixes=[1000, 0, 517, 64, 256, 9], extends=[300, 257, 1, 129, 128, 0]),
     dict(layout="bshd", dtype=torch.float16, heads=(32, 8), d=128, bs=1,

@@ -191,7 +191,7 @@ def main(argv=None):
         fi_note = f"unavailable ({type(e).__name__})"
     rows = []
     if device == "cuda":
-        # NOTE the first timed row of a process read 3-4 us slow at (1, 32768) in two sessions
+        # NOTE the first timed row of a process reads 3-4 us slow at (1, 32768) in two runs
         # (47.3 / 42.3 us vs 44.1 / 38.4 in sweeps of the same code): time it once untimed first
         q, k, v, table, lens = _case(*shapes[0], *heads[0], blocks[0], dtype, device, gen)
         out = torch.empty_like(q)

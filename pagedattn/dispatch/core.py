@@ -46,16 +46,13 @@ def load(name: str):
 
 ##### Data tables #####
 
-# NOTE: AMD/Hygon rows are priors (no AMD/DCU hardware measured yet); the NVIDIA row follows the
-# H200 measurements of bench/results/2026-11-30-h200/. When the backend A/B bench
-# (`python -m bench ab`) writes ab_decode.csv / ab_extend.csv for an arch, reorder from them.
-# Keys: an arch, else its vendor; per op, else "*".
+# NOTE: AMD/Hygon rows are priors (no AMD/DCU hardware measured); the NVIDIA row follows the
+# H200 tables of record (docs/performance.md). Keys: an arch, else its vendor; per op, else "*".
 # * AMD/Hygon: the hand-written kernels (KV-head grid, REUSE_KV_TIMES, buffer loads) are the
 #   fast path they were written to be; Triton second.
-# * NVIDIA: Triton first. On the H200 (session 8, bench/results/2026-12-01-h200-s8) the HIP
-#   decode is 1-6 % ahead of Triton's on the issue's 16-bit 32/8 and 32/32 shapes (20 of 20
-#   rows; 19 of 20 on a second machine), but 1.2-1.9x slower with fp8 caches and 1.06-1.6x
-#   slower for groups > 16 (ab_{e5m2,e4m3,groups}_0df9546.md), it has fewer options (no sinks,
+# * NVIDIA: Triton first. On the H200 the HIP decode is 0.5-5.5 % ahead of Triton's on the 32/8
+#   rows of the decode table (bench/results/2026-12-02-h200-3e3d07a), behind on MHA, 1.2-1.9x
+#   slower with fp8 caches and 1.06-1.6x slower for groups > 16; it has fewer options (no sinks,
 #   soft-cap, ALiBi, windows, vllm layout, q_len > 1) and a ~20 s nvcc build on first use; the
 #   HIP extend runs at a quarter of Triton's rate (13-14 % of the matmul rate).
 # * cpu / unknown GPUs: no HIP; Triton (the interpreter on cpu) then the torch reference.
@@ -66,7 +63,7 @@ PREFERENCE = {
     "cpu": {"*": ("triton", "torch")},
     "unknown": {"*": ("triton", "torch")},
 }
-PREFERENCE_SOURCE = "bench/results/ab_{decode,extend}.csv"
+PREFERENCE_SOURCE = "docs/performance.md"
 
 # Split-KV partition (tokens): 512, or 256 when the GQA group exceeds 15 (DESIGN.md, reference
 # §5.2.5): a big group already gives each block 16+ rows of work, so more partitions are
@@ -74,10 +71,9 @@ PREFERENCE_SOURCE = "bench/results/ab_{decode,extend}.csv"
 PARTITION_SIZE, PARTITION_SIZE_BIG_GROUP, BIG_GROUP = 512, 256, 15
 # Decode runs one pass when num_seqs * num_kv_heads >= FILL * CUs: the KV-head grid alone then
 # keeps enough K/V tiles in flight (DESIGN.md: "v1 vs v2 chosen by whether num_seqs *
-# num_kv_heads fills the device"). Measured on the H200 (bench/results/2026-11-30-h200-s3/
-# decode_sweep16_onepass.log) once the one-pass program streamed its whole sequence through one
-# pipelined loop: one pass beat split-KV at 3.9 programs per SM (64 x 8: 247 vs 260 us) and
-# above, and lost badly at 0.5 per SM (8 x 8: 251 vs 84 us). The Triton launcher
+# num_kv_heads fills the device"). On the H200, with the one-pass program streaming its whole
+# sequence through one pipelined loop, one pass beats split-KV from 3.9 programs per SM (64 x 8:
+# 247 against 260 us) and loses badly at 0.5 per SM (8 x 8: 251 against 84 us). The Triton launcher
 # (triton_kernels.decode._mode) reads this constant.
 FILL = 3
 # HIP decode template instantiations (hip_kernels/csrc/attn_inst.cuh PK_REUSEKV_SWITCH): the

@@ -38,8 +38,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     A' = A a + acc b stay a chain (two FMA-deep per partition). Same values as ``merge``
     step by step: max is exact in any order, the exp2 arguments are the same numbers, the FMAs
     are explicit. Cost on the H200: (1, 32768) 32/8, 64 partitions: 8.5 us with the scalars
-    spread over lanes (session 4), 3.2 us with them in-thread and (32, 1, 4, 1) (session 5, see
-    SPLIT_COMBINE). The group loop is not pipelined (C_STAGES 1; more stages measured slower).
+    spread over lanes, 3.2 us with them in-thread and (32, 1, 4, 1) (see SPLIT_COMBINE). The group loop is not pipelined (C_STAGES 1; more stages measured slower).
     PDL (NVIDIA sm_90+): launched as a programmatic dependent of the decode kernel, the
     program starts while the decode grid drains and waits (griddepcontrol.wait) only before
     its first workspace read; seq_lens is an input, safe to read before.
@@ -79,7 +78,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         # one warp a thread then holds all UNROLL rows of its columns, so the running maxima (a
         # scan along axis 0) and pulling row u out (a sum with zeros along axis 0) stay inside
         # the thread; [UNROLL] vectors would be spread over lanes and cost warp shuffles per
-        # partition (session 5: 3 shuffle reductions per partition in the SASS)
+        # partition (3 shuffle reductions per partition in the SASS)
         big_m = tl.full((1, BLOCK_DC), float("-inf"), tl.float32)
         big_l = tl.zeros((1, BLOCK_DC), tl.float32)
         big_a = tl.zeros((1, BLOCK_DC), tl.float32)

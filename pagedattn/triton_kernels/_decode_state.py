@@ -118,11 +118,11 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     (:func:`best_grain`) instead of one pass when one pass's makespan (waves x the longest's
     partitions) is at least 5/4 of the grain's, i.e. whole sequences would leave a thin last
     wave ((72, 4096) 32/8 block 16: one pass 1.28x slower than the ragged grain, split at 2
-    partitions a program 1.015x faster still; H200 session 22).
+    partitions a program 1.015x faster still, on the H200).
     A ragged batch takes shares of cdiv(T, FINE x SLOTS), and only sequences that fit one share
     run whole: its programs start over several waves, so none may hold much of a wave's work
-    (H200, session 19: shares of cdiv(T, SLOTS) were 11-12 % slower than one partition per
-    program on two ragged mixes).
+    (on the H200, shares of cdiv(T, SLOTS) are 11-12 % slower than one partition per program on
+    two ragged mixes).
     """
     tot, longest, shortest = _counts(lens0, j0, NB, PART)
     for i in tl.range(NB_BLOCK, NB, NB_BLOCK, num_stages=1):
@@ -142,7 +142,7 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     # even past one wave: the best grain when one pass's makespan (waves x the longest's
     # partitions) is >= 5/4 of the grain's (a thin last wave of whole sequences)
     # the search runs only where it can fire, so that no program of other launches pays for
-    # it (H200 session 23, every program of (256, 2048) 32/8 running it: 2.4 % slower at block
+    # it (with every program of (256, 2048) 32/8 running it, the H200 is 2.4 % slower at block
     # 16, 3.7 % at block 64): every grain's makespan is at least the area bound n L / SLOTS, so
     # a thin last wave needs 4 cdiv(n, SLOTS) SLOTS >= 5 n; and two shares of the longest need
     # L >= 2 and NB extra programs per head within the grid's
