@@ -15,7 +15,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  alibi_slopes: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None,
                  partition_size: Optional[int] = None, backend: str = "auto",
                  out: Optional[torch.Tensor] = None, return_lse: bool = False,
-                 validate: Optional[bool] = None):
+                 validate: Optional[bool] = None, errors: Optional[torch.Tensor] = None):
     """Attention of each sequence's newest query token(s) over its paged KV cache.
 
     Parameters
@@ -56,8 +56,14 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return_lse : bool
         also return the float32 natural-log LSE, shape ``q.shape[:-1]``.
     validate : bool, optional
-        run the device-data checks (host sync). Default: on for the torch backend, and for GPU
-        backends when ``PAGEDATTN_VALIDATE=1``.
+        run the device-data checks on the host (one sync) and raise on the first bad entry.
+        Default: on for the torch backend, and for GPU backends when ``PAGEDATTN_VALIDATE=1``.
+        Without it the GPU kernels guard the device data themselves (docs/layout.md,
+        "Malformed metadata"): a sequence whose length, block ids or query count are invalid
+        gets NaN rows (out and lse) and nothing outside the given tensors is read or written.
+    errors : torch.Tensor, optional
+        int32 ``[1]`` on q's device: the kernels add the number of guarded (NaN) rows to it,
+        with no host sync.
 
     Returns
     -------
@@ -95,7 +101,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if val:
         V.check_decode_data(opts, block_table, seq_lens, g, 1 if q.dim() == 3 else q.shape[1])
     call = V.DecodeCall(q, k_cache, v_cache, block_table, seq_lens, layout, g, opts,
-                        partition_size, out, return_lse, val)
+                        partition_size, out, return_lse, val, V.check_errors(errors, q.device))
     if q.shape[0] == 0:
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         return (out, lse) if return_lse else out
@@ -152,7 +158,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      alibi_slopes: Optional[torch.Tensor] = None,
                      sinks: Optional[torch.Tensor] = None, backend: str = "auto",
                      out: Optional[torch.Tensor] = None, return_lse: bool = False,
-                     validate: Optional[bool] = None):
+                     validate: Optional[bool] = None, errors: Optional[torch.Tensor] = None):
     """Extend (prefix-prefill) attention over a ragged batch and the paged cache.
 
     Request b owns query rows ``[cu_seqlens_q[b], cu_seqlens_q[b+1])`` (Lq of them) and
@@ -184,8 +190,11 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     max_q_len : int, optional
         an upper bound on Lq, to skip a host sync in GPU backends.
     scale, k_scale, v_scale, sliding_window, logit_cap, alibi_slopes, sinks, backend, out,
-    return_lse, validate
-        as in :func:`paged_decode`.
+    return_lse, validate, errors
+        as in :func:`paged_decode`. Without validation the kernels guard the device data: a
+        request whose query range (cu_seqlens_q non-monotone or outside q, Lq > max_q_len),
+        length (Lq > Lk, beyond the table), block ids or mask range are invalid gets NaN rows;
+        when cu_seqlens_q itself is not monotone every request's rows are NaN.
 
     Returns
     -------
@@ -266,7 +275,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             raise ValueError(f"max_q_len: {max_q_len} is below the longest request {int(lq.max())}")
     call = V.ExtendCall(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, layout, g, opts,
                         causal, k_new, v_new, custom_mask, mask_indptr, max_q_len, out,
-                        return_lse, val)
+                        return_lse, val, V.check_errors(errors, dev))
     if q.shape[0] == 0 or nseq == 0:
         out.zero_()
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=dev)
@@ -277,7 +286,8 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, *, layout: str = "bhsd", k_scale=None, v_scale=None,
-             backend: str = "auto", validate: Optional[bool] = None) -> None:
+             backend: str = "auto", validate: Optional[bool] = None,
+             errors: Optional[torch.Tensor] = None) -> None:
     """Write new tokens' K/V into the paged cache, quantising to fp8 when the cache is fp8.
 
     Parameters
@@ -290,6 +300,10 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         int32/int64 ``[num_tokens]``: ``block * block_size + offset``; negative = skip (padding).
     k_scale, v_scale : float or torch.Tensor, optional
         fp8 quantisation scales (per tensor or per KV head).
+    backend, validate : as in :func:`paged_decode`. Without validation the kernel skips a slot
+        past the cache and every token of a slot given twice, and writes nothing else.
+    errors : torch.Tensor, optional
+        int32 ``[1]``: the number of skipped tokens is added to it (no host sync).
 
     Examples
     --------
@@ -336,7 +350,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def copy_blocks(k_cache: Union[torch.Tensor, Sequence[torch.Tensor]],
                 v_cache: Union[torch.Tensor, Sequence[torch.Tensor]],
-                block_mapping, *, backend: str = "auto", validate: Optional[bool] = None) -> None:
+                block_mapping, *, backend: str = "auto", validate: Optional[bool] = None,
+                errors: Optional[torch.Tensor] = None) -> None:
     """Copy whole physical blocks: the copy-on-write copies of ``BlockManager.append_slot``.
 
     Parameters
@@ -345,6 +360,11 @@ def copy_blocks(k_cache: Union[torch.Tensor, Sequence[torch.Tensor]],
         caches (one per layer when lists), physical block id on dim 0; any layout.
     block_mapping : torch.Tensor or list of (src, dst)
         int64/int32 ``[num_copies, 2]``. Destinations are distinct and never also a source.
+    backend, validate : as in :func:`paged_decode`. Without validation the kernel skips a pair
+        with a block id outside the cache, a destination given twice, or a destination that is
+        also a source, and copies the rest.
+    errors : torch.Tensor, optional
+        int32 ``[1]``: the number of skipped pairs is added to it (no host sync).
 
     Examples
     --------

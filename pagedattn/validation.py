@@ -46,6 +46,18 @@ def check_shape(name: str, t: torch.Tensor, shape) -> None:
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
+def check_errors(errors, device) -> Optional[torch.Tensor]:
+    """The optional error counter of a public op: None, or an int32 tensor of one element on
+    the op's device. Kernels add the number of guarded rows or skipped entries to it (atomically,
+    no host sync); the caller reads it when convenient."""
+    if errors is None:
+        return None
+    check_tensor("errors", errors, dtypes=(torch.int32,), device=device)
+    if errors.numel() != 1:
+        raise ValueError(f"errors: expected one int32 element, got shape {tuple(errors.shape)}")
+    return errors
+
+
 def validate_enabled(validate: Optional[bool], backend: str) -> bool:
     if validate is not None:
         return bool(validate)
@@ -150,6 +162,7 @@ class DecodeCall:
     out: torch.Tensor  # same shape as q
     return_lse: bool
     validate: bool
+    errors: Optional[torch.Tensor] = None  # int32 [1]: guarded rows are counted here
 
     @property
     def num_seqs(self):
@@ -184,6 +197,7 @@ class ExtendCall:
     out: torch.Tensor
     return_lse: bool
     validate: bool
+    errors: Optional[torch.Tensor] = None  # int32 [1]: guarded rows are counted here
 
     @property
     def num_seqs(self):
