@@ -5,7 +5,7 @@ import triton.language as tl
 
 from pagedattn.triton_kernels._common import finalize_state
 from pagedattn.triton_kernels._decode_kernels import _store_rows, gdc_wait
-from pagedattn.triton_kernels._decode_state import batch_lens, plan, runs_whole
+from pagedattn.triton_kernels._decode_state import batch_lens, plan, runs_whole, valid_len
 
 
 @triton.jit
@@ -18,13 +18,15 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     v_scale_ptr, sinks_ptr,  # float32 [Hkv], [Hq] or dummies
                     out_ptr, lse_ptr,  # [B, LQ, Hq, D], float32 [B, LQ, Hq]
                     ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
-                    Hq, LQ, P, PART, NB, FILL_N, SLOTS, FINE,
+                    err_ptr,  # int32 [1] (HAS_ERR) or a dummy
+                    Hq, LQ, P, PART, NB, FILL_N, SLOTS, FINE, BT_W, BS,
                     stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
                     G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
                     BLOCK_D: tl.constexpr, UNROLL: tl.constexpr, DSPLIT: tl.constexpr,
                     C_STAGES: tl.constexpr, PDL: tl.constexpr,
                     HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
-                    RETURN_LSE: tl.constexpr, BAL: tl.constexpr, NB_BLOCK: tl.constexpr):
+                    RETURN_LSE: tl.constexpr, BAL: tl.constexpr, NB_BLOCK: tl.constexpr,
+                    GUARD: tl.constexpr, HAS_ERR: tl.constexpr):
     """Merge the partition states of one output row in partition order (``_decode_state.merge``,
     the one-pass loop's arithmetic) and write out/lse.
 
@@ -48,13 +50,16 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     r = tl.program_id(2) // DSPLIT
     dc = tl.program_id(2) % DSPLIT
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
+    CAP = BT_W * BS
     if BAL:
         j0 = tl.arange(0, NB_BLOCK)
-        lens0 = batch_lens(seq_lens_ptr, NB, j0)
+        lens0 = batch_lens(seq_lens_ptr, NB, j0, CAP, LQ)
+    if GUARD:  # an invalid length runs as 0: its one program wrote the NaN rows
+        seq_len = valid_len(seq_len, CAP, LQ)[0]
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
     if BAL:  # reads inputs only: before the wait
         ppp, fill, _ = plan(lens0, j0, seq_lens_ptr, NB, tl.num_programs(0), FILL_N, SLOTS,
-                            FINE, PART, NB_BLOCK)
+                            FINE, PART, CAP, LQ, NB_BLOCK)
         n_parts = tl.where(runs_whole(n_parts, ppp, fill), 1, n_parts)
     if PDL:
         if BAL:
@@ -83,6 +88,9 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         big_l = tl.zeros((1, BLOCK_DC), tl.float32)
         big_a = tl.zeros((1, BLOCK_DC), tl.float32)
         u_idx = tl.arange(0, UNROLL)
+        bad = False
+        if GUARD:  # a partition parked as NaN (it read an invalid block id)
+            bad = s < 0
         for p0 in tl.range(0, n_parts, UNROLL, num_stages=C_STAGES):
             # the scalars of merge for the whole group at once: running maxima by a cumulative
             # max (exact), then a_u = exp2(M_before - M_after), b_u = exp2(m_u - M_after)
@@ -99,6 +107,8 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
             l_g = tl.load(ws_ml_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg")
             m_sh = tl.load(ws_ml_ptr + 2 * (row - R), mask=(u_idx > 0) & (pp - 1 < n_parts),
                            other=float("-inf"), cache_modifier=".cg")  # m_{u-1}
+            if GUARD:
+                bad = bad | (tl.max((l_g != l_g).to(tl.int32), 0) > 0)
             m_g = tl.broadcast_to(m_g[:, None], (UNROLL, BLOCK_DC))
             l_g = tl.broadcast_to(l_g[:, None], (UNROLL, BLOCK_DC))
             m_sh = tl.broadcast_to(m_sh[:, None], (UNROLL, BLOCK_DC))
@@ -126,5 +136,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         if HAS_SINK:
             sink = tl.load(sinks_ptr + qh)
         o, lse2 = finalize_state(big_m, big_l, big_a, sink, HAS_SINK)
-        _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, one == 0, (one + dc) == 0,
-                    d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
+        _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, d, one == 0,
+                    (one + dc) == 0, d_mask, v_scale, bad, (dc == 0).to(tl.int32), Hq, LQ,
+                    stride_ob,
+                    stride_ot, stride_oh, RETURN_LSE, HAS_ERR)

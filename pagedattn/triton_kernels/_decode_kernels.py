@@ -8,7 +8,7 @@ import triton.language as tl
 from pagedattn.triton_kernels._common import (alibi_bias, finalize_state, first_tile, kv_offset,
                                               online_softmax_step, soft_cap, visible)
 from pagedattn.triton_kernels._decode_state import (balanced_share, batch_lens, merge as _merge,
-                                                    park as _park, park_neutral)
+                                                    park as _park, park_neutral, valid_len)
 
 try:  # grid dependency control (programmatic dependent launch), NVIDIA sm_90+
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -51,7 +51,7 @@ def _fp16_q(q):
 
 @triton.jit
 def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
-            cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
+            cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, nblk,
             stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
             stride_kdh: tl.int64, stride_kdl: tl.int64,
             stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
@@ -62,8 +62,13 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
             PART: tl.constexpr, ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
             PARK: tl.constexpr, R: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
             HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-            IEEE: tl.constexpr, LAZY_L: tl.constexpr):
+            IEEE: tl.constexpr, LAZY_L: tl.constexpr, GUARD: tl.constexpr):
     """Online softmax of the group rows over keys [t_lo, t_hi), one tile of STEP keys at a time.
+
+    GUARD: every block id a tile uses is checked against [0, nblk) on the keys it serves (ids
+    read from the table's slack past t_hi are never judged); a bad id reads block 0 instead and
+    marks the state bad: a parked partition is stored as NaN, and the returned flag (int1)
+    tells the caller to write NaN rows. Returns (m, l, acc, bad).
 
     t_lo is a multiple of STEP, and STEP divides PART, so no tile straddles a partition. Split
     launch: [t_lo, t_hi) is one partition; returns its state (m, l, acc). One-pass launch: the
@@ -86,6 +91,12 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
     big_l = tl.zeros((BLOCK_M,), tl.float32)
     big_a = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
+    if GUARD:  # ONE_BLOCK: a scalar flag; else one per key lane, reduced once at the end
+        bad_s = t_hi < 0
+        bad_v = tl.zeros((BLOCK_N, 1), tl.int1)
+        bad = bad_s
+    else:
+        bad = False
     # NOTE the block ids of tile t+1 are loaded in iteration t: when the K/V addresses of a tile
     # depend on an id loaded in the same iteration, the pipeliner drains every copy at the top
     # of the loop (async_wait num=0 in the sm_90 TTGIR) and each tile pays the full latency.
@@ -96,6 +107,13 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
             j_ok = j_ok & (offs_n < STEP)
         tok = (j % BS).to(tl.int64)  # [BLOCK_N]
         kv_mask = j_ok[:, None] & d_mask[None, :]  # [BLOCK_N, BLOCK_D]
+        if GUARD:  # ids outside the cache read block 0 and poison the state
+            blk_ok = (blk_n >= 0) & (blk_n < nblk)
+            if ONE_BLOCK:
+                bad_s = bad_s | ((blk_ok == 0) & (start < t_hi))
+            else:
+                bad_v = bad_v | ((blk_ok == 0) & j_ok[:, None])
+            blk_n = tl.where(blk_ok, blk_n, 0)
         k_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_kb, stride_kt,
                           stride_kh, stride_kdh, stride_kdl, K_X, K_SPLIT, K_LO_ONE)
         k = tl.load(k_ptr + k_off, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
@@ -140,32 +158,51 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
                     l_i = tl.sum(l_v, 1)
                 if ONE_PASS:
                     big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_i, l_i, acc)
+                elif GUARD:  # this partition's flag; the next starts clean
+                    if not ONE_BLOCK:
+                        bad_s = bad_s | (tl.max(bad_v.to(tl.int32)) > 0)
+                        bad_v = tl.zeros((BLOCK_N, 1), tl.int1)
+                    bad = bad | bad_s
+                    _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R + rows, row_ok,
+                          m_i, l_i, acc, d, d_mask, D, bad_s)
+                    bad_s = t_hi < 0
                 else:
                     _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R + rows, row_ok,
-                          m_i, l_i, acc, d, d_mask, D)
+                          m_i, l_i, acc, d, d_mask, D, False)
                 m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
                 l_i = tl.zeros((BLOCK_M,), tl.float32)
                 l_v = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
                 acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    if GUARD:
+        if not ONE_BLOCK:
+            bad_s = bad_s | (tl.max(bad_v.to(tl.int32)) > 0)
+        bad = bad | bad_s
     if ONE_PASS:
-        return big_m, big_l, big_a
+        return big_m, big_l, big_a, bad
     else:
         if LAZY_L:
             l_i = tl.sum(l_v, 1)
-        return m_i, l_i, acc
+        return m_i, l_i, acc, bad
 
 
 @triton.jit
-def _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, lse_ok, d_mask, v_scale, Hq,
-                LQ, stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
-                RETURN_LSE: tl.constexpr):
-    """out[s, qi, qh, :] = o * v_scale; lse[s, qi, qh] = natural log (contiguous [B, LQ, Hq])."""
+def _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, d, row_ok, lse_ok, d_mask, v_scale,
+                bad, n_rows, Hq, LQ, stride_ob: tl.int64, stride_ot: tl.int64,
+                stride_oh: tl.int64, RETURN_LSE: tl.constexpr, HAS_ERR: tl.constexpr):
+    """out[s, qi, qh, :] = o * v_scale; lse[s, qi, qh] = natural log (contiguous [B, LQ, Hq]).
+    bad (int1): the rows' metadata is invalid: out and lse are NaN, and n_rows join the error
+    count (err_ptr, HAS_ERR)."""
+    o = tl.where(bad, float("nan"), o * v_scale)
+    lse2 = tl.where(bad, float("nan"), lse2)
     o_off = s * stride_ob + qi[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :]
-    tl.store(out_ptr + o_off, (o * v_scale).to(out_ptr.dtype.element_ty),
+    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None] & d_mask[None, :])
     if RETURN_LSE:
         l_off = (s * LQ + qi) * Hq + qh
         tl.store(lse_ptr + l_off, lse2 * 0.6931471805599453, mask=lse_ok)
+    if HAS_ERR:
+        if bad:
+            tl.atomic_add(err_ptr, n_rows)
 
 
 @triton.jit
@@ -180,7 +217,8 @@ def _decode_kernel(
         lse_ptr,  # float32 [B, LQ, Hq]
         ws_ml_ptr,  # float32 [B, Hkv, P, R, 2]: (m_p, l_p) per partition and row
         ws_o_ptr,  # float32 [B, Hkv, P, R, D]: acc_p (unnormalised)
-        scale, cap, window, Hq, LQ, P, BT_W, PPP, NB, FILL_N, SLOTS, FINE,
+        err_ptr,  # int32 [1]: guarded rows are counted here (HAS_ERR), else a dummy
+        scale, cap, window, Hq, LQ, P, BT_W, PPP, NB, FILL_N, SLOTS, FINE, NBLK,
         stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
         stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
         stride_bt: tl.int64,
@@ -195,7 +233,13 @@ def _decode_kernel(
         LAZY_L: tl.constexpr, PDL: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
         HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
         HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
-        F16_DOT: tl.constexpr, BAL: tl.constexpr, NB_BLOCK: tl.constexpr):
+        F16_DOT: tl.constexpr, BAL: tl.constexpr, NB_BLOCK: tl.constexpr, GUARD: tl.constexpr,
+        HAS_ERR: tl.constexpr):
+    # Preconditions (launcher): BT_W * BS and NBLK * the block stride fit their types; q, out,
+    # caches and workspace hold the shapes above. GUARD: the device metadata is not trusted: a
+    # length outside {0} u [LQ, BT_W * BS] runs as 0 and a block id outside [0, NBLK) reads block
+    # 0; either makes the sequence's rows NaN (out and lse), counted in err_ptr. Nothing outside
+    # the given tensors is read or written whatever the metadata holds.
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
     # balanced (BAL): (Hkv, B + decode._balance_extra, 1): program y < B runs sequence y's first
@@ -209,9 +253,14 @@ def _decode_kernel(
     if BAL:  # an extra share's sequence comes from the plan (below)
         s = tl.minimum(s, NB - 1)
     seq_len = tl.load(seq_lens_ptr + s).to(tl.int32)
+    CAP = BT_W * BS  # the table's capacity in tokens
     if BAL:  # the batch's lengths, issued beside seq_len: one round trip for both
         j0 = tl.arange(0, NB_BLOCK)
-        lens0 = batch_lens(seq_lens_ptr, NB, j0)
+        lens0 = batch_lens(seq_lens_ptr, NB, j0, CAP, LQ)
+    bad_len = False
+    if GUARD:
+        seq_len, len_ok = valid_len(seq_len, CAP, LQ)
+        bad_len = len_ok == 0
     rows = tl.arange(0, BLOCK_M)  # row r = (query token r // G, head h*G + r % G)
     row_ok = rows < R
     qi = rows // G
@@ -233,9 +282,11 @@ def _decode_kernel(
                                   ONE_BLOCK)
         s, seq_len, whole, p, pp, _ = balanced_share(y, s, seq_len, lens0, j0, seq_lens_ptr, NB,
                                                      tl.num_programs(0), FILL_N, SLOTS, FINE,
-                                                     PART, NB_BLOCK)
-        if y >= NB:  # an extra share: its sequence's q
+                                                     PART, CAP, LQ, NB_BLOCK)
+        if y >= NB:  # an extra share (of a valid sequence): its sequence's q
             q = tl.load(q_ptr + s * stride_qb + q_off, mask=q_ok, other=0.0)
+            if GUARD:
+                bad_len = y < 0
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
     pos = seq_len - LQ + qi  # [BLOCK_M] absolute position of each row's query
     qk_scale = scale  # k_scale folds in here; log2(e) too unless the soft-cap needs natural logits
@@ -292,41 +343,44 @@ def _decode_kernel(
     if p < n_parts:  # split: programs past the sequence's last partition have nothing to do
         if BAL:  # one loop per kind of program, each with its launch shape's registers
             if whole:  # the one-pass loop
-                m, l, acc = _attend(
+                m, l, acc, bad = _attend(
                     q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
                     qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
-                    stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
+                    NBLK, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
                     stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
                     V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, True, False,
-                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L)
+                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L, GUARD)
             else:  # a share: the split loop, parking every partition (n_parts > 1 here)
-                m, l, acc = _attend(
+                m, l, acc, bad = _attend(
                     q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
                     qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
-                    stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
+                    NBLK, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
                     stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
                     V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, False, True,
-                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L)
+                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L, GUARD)
         else:
-            m, l, acc = _attend(
+            m, l, acc, bad = _attend(
                 q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
-                cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, stride_kb,
+                cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, NBLK, stride_kb,
                 stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh,
                 stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N,
                 BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP,
-                HAS_ALIBI, IEEE, LAZY_L)
+                HAS_ALIBI, IEEE, LAZY_L, GUARD)
         if BAL:
             if whole:
                 o, lse2 = finalize_state(m, l, acc, sink, HAS_SINK)
-                _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok, d_mask,
-                            v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
+                _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok,
+                            d_mask, v_scale, bad_len | bad, R, Hq, LQ, stride_ob, stride_ot,
+                            stride_oh, RETURN_LSE, HAS_ERR)
         elif ONE_PASS or n_parts == 1:
             if not ONE_PASS:  # the state one-pass would hold: one merge into the empty state
                 m, l, acc = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32),
                                    tl.zeros((BLOCK_M,), tl.float32),
                                    tl.zeros((BLOCK_M, BLOCK_D), tl.float32), m, l, acc)
             o, lse2 = finalize_state(m, l, acc, sink, HAS_SINK)
-            _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok, d_mask, v_scale,
-                        Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
+            _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok, d_mask,
+                        v_scale, bad_len | bad, R, Hq, LQ, stride_ob, stride_ot, stride_oh,
+                        RETURN_LSE, HAS_ERR)
         elif not MULTI:  # park (m_p, l_p, acc_p) for the combine (MULTI parked in the loop)
-            _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, d, d_mask, D)
+            _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, d, d_mask, D,
+                  bad)

@@ -38,8 +38,12 @@ def merge(big_m, big_l, big_a, m_p, l_p, acc_p):
 
 
 @triton.jit
-def park(ws_ml_ptr, ws_o_ptr, row, row_ok, m, l, acc, d, d_mask, D: tl.constexpr):
-    """Store one partition's state (m_p, l_p, acc_p) at workspace rows ``row`` for the combine."""
+def park(ws_ml_ptr, ws_o_ptr, row, row_ok, m, l, acc, d, d_mask, D: tl.constexpr, bad=False):
+    """Store one partition's state (m_p, l_p, acc_p) at workspace rows ``row`` for the combine;
+    ``bad`` (int1): the partition read an invalid block id: l_p and acc_p are parked as NaN,
+    which the combine turns into NaN rows."""
+    l = tl.where(bad, float("nan"), l)
+    acc = tl.where(bad, float("nan"), acc)
     tl.store(ws_ml_ptr + 2 * row, m, mask=row_ok)
     tl.store(ws_ml_ptr + 2 * row + 1, l, mask=row_ok)
     tl.store(ws_o_ptr + row[:, None] * D + d[None, :], acc,
@@ -59,10 +63,21 @@ def park_neutral(ws_ml_ptr, ws_o_ptr, ws_row0, p_lo, p_hi, rows, row_ok, d, d_ma
 
 
 @triton.jit
-def batch_lens(lens_ptr, NB, j):
-    """The lengths of sequences j (int32; 0 past NB). j: 0 .. NB_BLOCK - 1 in the caller's
-    layout (the plan's functions serve the Triton and the Gluon kernels alike)."""
-    return tl.load(lens_ptr + j, mask=j < NB, other=0).to(tl.int32)
+def valid_len(n, CAP, LQ):
+    """(the length the kernels run, whether it is valid) of a loaded sequence length n: valid
+    is 0 (an empty row) or LQ .. CAP (the block table's capacity in tokens); an invalid length
+    runs as 0 (no key read, no table entry read) and its rows are written as NaN."""
+    ok = (n >= 0) & (n <= CAP) & ((n >= LQ) | (n == 0))
+    return tl.where(ok, n, 0), ok
+
+
+@triton.jit
+def batch_lens(lens_ptr, NB, j, CAP, LQ):
+    """The lengths of sequences j as the kernels run them (int32; :func:`valid_len`; 0 past NB).
+    j: 0 .. NB_BLOCK - 1 in the caller's layout (the plan's functions serve the Triton and the
+    Gluon kernels alike)."""
+    n = tl.load(lens_ptr + j, mask=j < NB, other=0).to(tl.int32)
+    return valid_len(n, CAP, LQ)[0]
 
 
 @triton.jit
@@ -99,7 +114,8 @@ def _counts(lens, j, NB, PART):
 
 
 @triton.jit
-def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.constexpr):
+def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, CAP, LQ,
+         NB_BLOCK: tl.constexpr):
     """The balanced launch's plan from every sequence's length (``decode._balance``; lens0: the
     first NB_BLOCK lengths (:func:`batch_lens` of j0), loaded by the caller beside its own so
     that both take one round trip; the rest are read here): (ppp, fill, uni). A sequence of n
@@ -126,7 +142,7 @@ def plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK: tl.c
     """
     tot, longest, shortest = _counts(lens0, j0, NB, PART)
     for i in tl.range(NB_BLOCK, NB, NB_BLOCK, num_stages=1):
-        t2, l2, s2 = _counts(batch_lens(lens_ptr, NB, i + j0), i + j0, NB, PART)
+        t2, l2, s2 = _counts(batch_lens(lens_ptr, NB, i + j0, CAP, LQ), i + j0, NB, PART)
         tot += t2
         longest = tl.maximum(longest, l2)
         shortest = tl.minimum(shortest, s2)
@@ -184,19 +200,20 @@ def runs_whole(c, ppp, fill):
 
 
 @triton.jit
-def balanced_share(y, s, seq_len, lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART,
-                   NB_BLOCK: tl.constexpr):
+def balanced_share(y, s, seq_len, lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, CAP,
+                   LQ, NB_BLOCK: tl.constexpr):
     """Grid row y of the balanced launch (grid (HKV, NB + extra shares, 1)): (sequence, length,
     whole, first partition p, partitions pp, none); the program owns partitions [p, p + pp).
     y < NB: sequence y (s, seq_len: its own, loaded), share 0; else the batch's extra share
     y - NB (:func:`extra_share`, never whole); none: past the batch's last share (length 0 and
     p = 1 then: nothing to do)."""
-    ppp, fill, uni = plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, NB_BLOCK)
+    ppp, fill, uni = plan(lens0, j0, lens_ptr, NB, HKV, FILL_N, SLOTS, FINE, PART, CAP, LQ,
+                          NB_BLOCK)
     a = y * 0
     none = y < 0
     if y >= NB:
         s2, a, seq_len = extra_share(lens0, j0, lens_ptr, NB, y - NB, ppp, fill, uni, PART,
-                                     NB_BLOCK)
+                                     CAP, LQ, NB_BLOCK)
         none = s2 < 0
         a = tl.where(none, 1, a)
         seq_len = tl.where(none, 0, seq_len)
@@ -241,7 +258,8 @@ def _find(x, n, j, e, before, s, a, len_s):
 
 
 @triton.jit
-def extra_share(lens0, j0, lens_ptr, NB, e, ppp, fill, uni, PART, NB_BLOCK: tl.constexpr):
+def extra_share(lens0, j0, lens_ptr, NB, e, ppp, fill, uni, PART, CAP, LQ,
+                NB_BLOCK: tl.constexpr):
     """The balanced grid's extra share e (>= 0): shares past the first of every split sequence,
     listed in sequence order (sequence i holds cdiv(n_i, ppp) - 1 of them). Returns (sequence,
     share index >= 1, its length); sequence -1 when the batch has no share e. uni (the plan's:
@@ -254,13 +272,14 @@ def extra_share(lens0, j0, lens_ptr, NB, e, ppp, fill, uni, PART, NB_BLOCK: tl.c
         a = e % kk + 1
         # none (s = -1: every extra program of a fill batch) reads nothing: it exits one round
         # trip sooner
-        len_s = tl.load(lens_ptr + tl.maximum(s, 0), mask=s >= 0, other=0).to(tl.int32)
+        len_s = valid_len(tl.load(lens_ptr + tl.maximum(s, 0), mask=s >= 0, other=0)
+                          .to(tl.int32), CAP, LQ)[0]
     else:
         s, a, len_s, before = _find(_extras(lens0, j0, NB, ppp, fill, PART), lens0, j0, e, 0,
                                     -1, 0, 0)
         for i in tl.range(NB_BLOCK, NB, NB_BLOCK, num_stages=1):
             j = i + j0
-            n = batch_lens(lens_ptr, NB, j)
+            n = batch_lens(lens_ptr, NB, j, CAP, LQ)
             s, a, len_s, before = _find(_extras(n, j, NB, ppp, fill, PART), n, j, e, before, s,
                                         a, len_s)
     return s, a, len_s

@@ -149,14 +149,16 @@ class Replay:
 # ----------------------------------------------------------------------------------------------
 
 # every environment variable the decode launcher reads (decode.py)
-DECODE_KNOBS = ("PAGEDATTN_DEV_DECODE_KERNEL", "PAGEDATTN_DEV_DECODE_MODE", "TRITON_INTERPRET")
+DECODE_KNOBS = ("PAGEDATTN_DEV_DECODE_KERNEL", "PAGEDATTN_DEV_DECODE_MODE",
+                "PAGEDATTN_DEV_GUARDS", "TRITON_INTERPRET")
 _DECODE_KNOBS_KEY = config.names(*DECODE_KNOBS)
 
 
 def decode_key(call, force_mode, current):
     """Everything decode.run's launches depend on besides the tensors' data."""
     q, k, v, bt, out, o = call.q, call.k_cache, call.v_cache, call.block_table, call.out, call.opts
-    own = (q, k, v, bt, call.seq_lens, out, o.k_scale, o.v_scale, o.alibi_slopes, o.sinks)
+    own = (q, k, v, bt, call.seq_lens, out, o.k_scale, o.v_scale, o.alibi_slopes, o.sinks,
+           call.errors)
     return (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
             v.dtype, bt.shape, bt.stride(), call.seq_lens.shape, out.stride(), out.dtype,
             call.layout, o.scale, o.sliding_window, o.logit_cap, call.partition_size,
@@ -170,7 +172,7 @@ def decode_tensors(call) -> dict:
     o = call.opts
     return {"q": call.q, "out": call.out, "k": call.k_cache, "v": call.v_cache,
             "bt": call.block_table, "lens": call.seq_lens, "k_scale": o.k_scale,
-            "v_scale": o.v_scale, "alibi": o.alibi_slopes, "sinks": o.sinks}
+            "v_scale": o.v_scale, "alibi": o.alibi_slopes, "sinks": o.sinks, "err": call.errors}
 
 
 def decode_recorder(call, q4, out4, lse, ws_ml, ws_o, dummy):

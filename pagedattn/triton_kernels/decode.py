@@ -273,9 +273,11 @@ def run(call):
     rec = None if key is None else _replay.decode_recorder(call, q4, out4, lse, ws_ml, ws_o,
                                                             dummy)
     has_kv_scale = call.k_cache.dtype in FP8_DTYPES and o.k_scale is not None
+    err = call.errors
     common = dict(G=group, R=rows, D=d, BLOCK_D=block_d,
                   HAS_SINK=o.sinks is not None, HAS_KV_SCALE=has_kv_scale,
-                  RETURN_LSE=call.return_lse)
+                  RETURN_LSE=call.return_lse, GUARD=config.get("PAGEDATTN_DEV_GUARDS"),
+                  HAS_ERR=err is not None)
     # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
     gk, g_tile = _gluon(call, ks, vs, rows, part, dev)
     mode = _mode(nb, hkv, dev, n_part_max)
@@ -319,7 +321,8 @@ def run(call):
             rec, _combine_kernel, (hkv, nb, rows * c_dsplit),
             seq_lens_ptr=call.seq_lens, v_scale_ptr=o.v_scale if has_kv_scale else dummy,
             sinks_ptr=o.sinks if o.sinks is not None else dummy, out_ptr=out4, lse_ptr=lse,
-            ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, Hq=hq, LQ=lq, P=n_part_max, PART=part,
+            ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, err_ptr=err if err is not None else dummy, Hq=hq,
+            LQ=lq, P=n_part_max, PART=part, BT_W=call.block_table.shape[1], BS=bs,
             stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
             UNROLL=c_unroll, DSPLIT=c_dsplit, C_STAGES=c_stages, PDL=pdl, num_warps=c_warps,
             launch_pdl=pdl, **bal, **common)
@@ -344,10 +347,11 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         v_scale_ptr=o.v_scale if has_kv_scale else dummy,
         slopes_ptr=o.alibi_slopes if o.alibi_slopes is not None else dummy,
         sinks_ptr=o.sinks if o.sinks is not None else dummy,
-        out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, scale=float(o.scale),
+        out_ptr=out4, lse_ptr=lse, ws_ml_ptr=ws_ml, ws_o_ptr=ws_o,
+        err_ptr=call.errors if call.errors is not None else dummy, scale=float(o.scale),
         cap=float(o.logit_cap or 1.0),
         window=int(o.sliding_window or 0), Hq=hq, LQ=lq, P=n_part_max,
-        BT_W=call.block_table.shape[1], PART=part,
+        BT_W=call.block_table.shape[1], PART=part, NBLK=call.geom.num_blocks,
         stride_qb=q4.stride(0), stride_qt=q4.stride(1), stride_qh=q4.stride(2),
         stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
         stride_bt=call.block_table.stride(0),
