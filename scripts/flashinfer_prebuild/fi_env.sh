@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sourced; PY is for the commands typed after it
 export PYTHONPATH=/tmp/site:/tmp/fidep:/tmp/torchstub:/tmp
 export FLASHINFER_CUDA_ARCH_LIST=9.0a
 export FLASHINFER_WORKSPACE_BASE=/tmp/fiws
