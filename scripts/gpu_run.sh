@@ -4,13 +4,16 @@
 #   1. the device and toolchain (nvidia-smi, rocm-smi or hy-smi, whichever is present);
 #   2. python -m pagedattn.selfcheck: the layout probe and small cases per backend; its record
 #      makes the backends that pass here eligible for `auto` in the phases after it;
-#   3. the GPU test tier: pytest -m "gpu or hip" (the HIP extension built once first);
+#   3. the GPU test tier: the kernel and dispatch test files, their gpu- and hip-marked tests
+#      included, at real sizes (the HIP extension built once first; -m "not compile": the
+#      compile-only checks belong to the CPU tier);
 #   4. python -m pagedattn.dispatch --all-archs, and the tables of record
 #      (python -m pagedattn.bench record).
 # usage: scripts/gpu_run.sh OUT_DIR [extra pytest args...]
 # Everything is written under OUT_DIR/r and packed into OUT_DIR/results.tgz. The exit status is
 # non-zero when the self-check, the tests or the tables fail. Knobs (environment):
-# TEST_TIMEOUT, BENCH_TIMEOUT (seconds), TEST_JOBS (pytest-xdist workers, when installed).
+# SELFCHECK_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT (seconds), TEST_JOBS (pytest-xdist workers,
+# when installed), GPU_TESTS (the test files).
 set -uo pipefail
 TOP=${1:?usage: scripts/gpu_run.sh OUT_DIR [pytest args...]}
 shift
@@ -59,8 +62,13 @@ python3 -c "from pagedattn.hip_kernels import build; build.load()" 2>&1 \
   | tee "$OUT_DIR/hip-build.log" | tail -3
 jobs=()
 python3 -c "import xdist" 2>/dev/null && jobs=(-n "${TEST_JOBS:-8}")
+read -r -a files <<< "${GPU_TESTS:-tests/test_triton_decode.py tests/test_triton_decode_balance.py \
+tests/test_triton_decode_cs.py tests/test_triton_decode_gluon.py tests/test_triton_extend.py \
+tests/test_triton_extend_gpu.py tests/test_triton_store_copy.py tests/test_plan.py \
+tests/test_hip_backend.py tests/test_dispatch.py tests/test_dispatch_runs.py tests/test_replay.py \
+tests/test_launch_replay.py tests/test_selfcheck.py tests/test_verified_dispatch.py}"
 timeout "${TEST_TIMEOUT:-1800}" python3 -m pytest -q -p no:cacheprovider -rf --tb=short \
-  -m "gpu or hip" "${jobs[@]}" --durations=15 tests "$@" 2>&1 \
+  -m "not compile" "${jobs[@]}" --durations=15 "${files[@]}" "$@" 2>&1 \
   | tee "$OUT_DIR/gpu-tests.log" | tail -40 || fail "GPU tests"
 
 python3 -m pagedattn.dispatch --all-archs > "$OUT_DIR/dispatch.txt" 2>&1 || fail dispatch

@@ -160,8 +160,8 @@ def test_corrupted_record_is_ignored_with_a_warning(content):
 def test_cli_on_cpu_passes_and_writes_the_record(cache_dir):
     env = {"PAGEDATTN_CACHE_DIR": str(cache_dir), "TRITON_INTERPRET": "1",
            "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
-    r = subprocess.run([sys.executable, "-m", "pagedattn.selfcheck"], capture_output=True,
-                       text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "pagedattn.selfcheck", "--device", "cpu"],
+                       capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "all checks passed" in r.stdout and "| triton    | float16 16x16x16 | pass" in r.stdout
     (path,) = (cache_dir / "selfcheck").glob("cpu-*.json")
@@ -171,3 +171,11 @@ def test_cli_on_cpu_passes_and_writes_the_record(cache_dir):
         assert set(ops) == set(C.OPS) and all(o["passed"] and o["cases"] > 0
                                               for o in ops.values()), (backend, ops)
     assert "hip" not in rec["backends"]  # it cannot run here: no evidence either way
+
+
+def test_docstring_example_runs():
+    import doctest
+
+    import pagedattn.selfcheck
+    result = doctest.testmod(pagedattn.selfcheck, raise_on_error=False, verbose=False)
+    assert result.attempted > 0 and result.failed == 0, result

@@ -117,7 +117,8 @@ def _write_cpu_record(passed):
     return record.write(key, {"triton": entry})
 
 
-def test_public_call_reads_this_devices_record():
+def test_public_call_reads_this_devices_record(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors: Triton is the interpreter's
     args = _decode_args(torch.float16)
     assert dispatch.explain("paged_decode", *args, quiet=True).backend == "triton"
     _write_cpu_record(passed=False)
