@@ -18,6 +18,8 @@ import functools
 import warnings
 from typing import Dict, NamedTuple, Tuple
 
+from pagedattn.dispatch.arch import _device_index
+
 RUN = "run-verified"
 COMPILE = "compile-verified"
 SYNTAX = "syntax-checked"
@@ -152,7 +154,6 @@ def _warn_once(arch, op, untrusted):
 def device_checks(device, op: str) -> Tuple[Check, ...]:
     """This device's self-check results for ``op``: ((backend, passed, note), ...); () when no
     valid record exists. Read once per device (``dispatch.cache_clear`` forgets it)."""
-    from pagedattn.dispatch.arch import _device_index
     return _checks_by_op(_device_index(device)).get(op, ())
 
 

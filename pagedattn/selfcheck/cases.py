@@ -107,7 +107,7 @@ def _close(out, ref, lse, ref_lse, case) -> str:
     return ""
 
 
-def _decode(case, backend, gen, device):
+def _decode(case, gen, device):
     lens = [1, 17, 40]  # one token, one past a block, several blocks
     k, v, table = _paged(case, lens, gen, device)
     q = _randn((len(lens), HKV * GROUP, D), case.dtype, gen, device)
@@ -116,7 +116,7 @@ def _decode(case, backend, gen, device):
     return args, kw, lambda: R.paged_decode(*(t.cpu() for t in args), return_lse=True, **kw)
 
 
-def _extend(case, backend, gen, device):
+def _extend(case, gen, device):
     q_lens, lens = [5, 3], [21, 3]  # a 16-token prefix with 5 new; a 3-token pure prefill
     k, v, table = _paged(case, lens, gen, device)
     q = _randn((sum(q_lens), HKV * GROUP, D), case.dtype, gen, device)
@@ -152,7 +152,7 @@ def run_case(case: Case, backend: str, device: torch.device, seed: int = 0
     gen = torch.Generator().manual_seed(seed)
     if case.op in ("paged_decode", "extend_attention"):
         make = _decode if case.op == "paged_decode" else _extend
-        args, kw, ref = make(case, backend, gen, device)
+        args, kw, ref = make(case, gen, device)
         try:
             explain(case.op, *args, backend=backend, quiet=True, **kw)
         except (ValueError, TypeError) as e:
