@@ -39,11 +39,11 @@ test-gpu-triton: $(VENV_GT)/.installed
 	$(VENV_GT)/bin/python -m pytest -q tests/test_triton_decode_compile.py \
 		tests/test_triton_extend_compile.py -k "compile"
 
-# The GPU machine: torch and triton are preinstalled and there is no network, so nothing is
-# installed (FlashInfer wheels carried in .whl/ are unpacked to /tmp/site); the GPU test tier and
-# the benchmarks run in one go and write logs and tables under $(RESULTS_DIR).
+# A GPU machine (NVIDIA, AMD or Hygon): torch and triton are preinstalled, so nothing is
+# installed (FlashInfer wheels carried in .whl/ are unpacked to /tmp/site); the self-check, the
+# GPU test tier and the tables of record run in one go and write under $(RESULTS_DIR).
 gpu:
-	bash scripts/gpu_run.sh $(RESULTS_DIR) all
+	bash scripts/gpu_run.sh $(RESULTS_DIR)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Wheels the H200 image lacks (it has no network): FlashInfer, the decode/prefill peer to beat.
+# Wheels a GPU machine without network lacks: FlashInfer, the decode/prefill peer to beat.
 # Run here (PyPI reachable), then pass `carry: [".whl"]` to the device call; scripts/gpu_run.sh
 # installs them to /tmp/site. .whl/ is git-ignored through .git/info/exclude.
 set -euo pipefail

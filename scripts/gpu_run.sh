@@ -1,41 +1,77 @@
 #!/usr/bin/env bash
-# One GPU session: install carried wheels (FlashInfer), run the GPU test tier, then benchmarks.
-# usage: scripts/gpu_run.sh OUT_DIR [PHASES] [extra pytest args...]
-#   PHASES: comma-separated tune, diag, tests, bench (default all = tests,bench)
-#   tune: the extend-variant A/B and the decode launch sweep (scripts/extend_variants.py,
-#   scripts/decode_sweep.py); diag: scripts/hip_hostcheck_diag.py. Everything is written under
-#   OUT_DIR/r and packed into OUT_DIR/results.tgz (the device tool returns at most 8 files).
-set -u
-TOP=${1:?out dir}; WHAT=${2:-all}; shift 2 || true
-OUT_DIR=$TOP/r  # everything lands here; TOP gets results.tgz (the device tool returns 8 files)
-[ "$WHAT" = all ] && WHAT=tests,bench
-has() { case ",$WHAT," in *",$1,"*) return 0;; esac; return 1; }
-mkdir -p "$OUT_DIR"
-cd "$(dirname "$0")/.."
+# The GPU job, on NVIDIA (CUDA), AMD (ROCm) or Hygon (DTK): every GPU CI job runs this one script
+# (.github/workflows/gpu.yml, inside a docker/ image), and so does a manual run on a GPU machine.
+#   1. the device and toolchain (nvidia-smi, rocm-smi or hy-smi, whichever is present);
+#   2. python -m pagedattn.selfcheck: the layout probe and small cases per backend; its record
+#      makes the backends that pass here eligible for `auto` in the phases after it;
+#   3. the GPU test tier: the kernel and dispatch test files, their gpu- and hip-marked tests
+#      included, at real sizes (the HIP extension built once first; -m "not compile": the
+#      compile-only checks belong to the CPU tier);
+#   4. python -m pagedattn.dispatch --all-archs, and the tables of record
+#      (python -m pagedattn.bench record).
+# usage: scripts/gpu_run.sh OUT_DIR [extra pytest args...]
+# Everything is written under OUT_DIR/r and packed into OUT_DIR/results.tgz. The exit status is
+# non-zero when the self-check, the tests or the tables fail. Knobs (environment):
+# SELFCHECK_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT (seconds), TEST_JOBS (pytest-xdist workers,
+# when installed), GPU_TESTS (the test files).
+set -uo pipefail
+TOP=${1:?usage: scripts/gpu_run.sh OUT_DIR [pytest args...]}
+shift
+mkdir -p "$TOP/r"
+TOP=$(cd "$TOP" && pwd)
+OUT_DIR=$TOP/r
+cd "$(dirname "$0")/.." || exit 2
 PACK_DIR=$OUT_DIR
+# shellcheck source=scripts/device_env.sh
 . scripts/device_env.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT_DIR/device.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT_DIR/device.txt"
-if has tune; then
-  [ -n "${SKIP_VARIANTS:-}" ] || timeout ${VARIANTS_TIMEOUT:-300} python3 scripts/extend_variants.py --out "$OUT_DIR" ${VARIANT_ROWS:+--rows $VARIANT_ROWS} ${VARIANT_ARGS:-} 2>&1 | tee "$OUT_DIR/extend_variants.log" | tail -40
-  [ -n "${SKIP_SWEEP:-}" ] || timeout ${SWEEP_TIMEOUT:-200} python3 scripts/decode_sweep.py 16 ${SWEEP_ARGS:---quick} 2>&1 | tee "$OUT_DIR/decode_sweep16.log" | grep -E "BEST|read bw|failed"
-  has tests || [ -n "${SKIP_VTESTS:-}" ] || timeout ${VTEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rf \
-    --tb=short -n 8 tests/test_triton_extend_gpu.py -k variant 2>&1 | tee "$OUT_DIR/variant-tests.log" | tail -15
-fi
-if has diag; then
-  timeout ${DIAG_TIMEOUT:-120} python3 scripts/hip_hostcheck_diag.py 2>&1 | tee "$OUT_DIR/hip_hostcheck_diag.log"
-  timeout ${PROFILE_TIMEOUT:-120} python3 scripts/decode_profile.py ${PROFILE_ARGS:-} 2>&1 | tee "$OUT_DIR/decode_profile.log"
-  timeout 45 python3 scripts/launch_profile.py 2>&1 | tee "$OUT_DIR/launch_profile.log" | head -12
-fi
-if has tests; then
-  # the HIP extension is built once here, not by 8 racing xdist workers
-  python3 -c "from pagedattn.hip_kernels import build; build.load()" 2>&1 | tail -3
-  timeout ${TEST_TIMEOUT:-600} python3 -m pytest -q -p no:cacheprovider -rf --tb=short -m "not compile" \
-    -n ${TEST_JOBS:-8} --durations=15 \
-    ${GPU_TESTS:-tests/test_triton_decode.py tests/test_triton_extend.py tests/test_triton_extend_gpu.py tests/test_triton_store_copy.py tests/test_plan.py tests/test_hip_backend.py tests/test_dispatch.py tests/test_dispatch_runs.py tests/test_replay.py tests/test_launch_replay.py} \
-    "$@" 2>&1 | tee "$OUT_DIR/gpu-tests.log" | tail -60
-fi
-if has bench; then
-  python3 -m pagedattn.dispatch 2>&1 | tee "$OUT_DIR/dispatch.txt" | tail -20
-  timeout ${BENCH_TIMEOUT:-900} python3 -m bench all --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench.log" | tail -80
-fi
+# HIP builds and the self-check record live outside the packed directory (builds are large)
+export PAGEDATTN_CACHE_DIR=${PAGEDATTN_CACHE_DIR:-$TOP/cache}
+status=0
+fail() { echo "gpu_run: $1 failed" | tee -a "$OUT_DIR/failures.txt"; status=1; }
+
+{
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
+  elif command -v hy-smi >/dev/null; then
+    hy-smi
+  elif command -v rocm-smi >/dev/null; then
+    rocm-smi --showproductname --showdriverversion --showuse --showmeminfo vram
+  fi
+  python3 - <<'EOF'
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "hip",
+      getattr(torch.version, "hip", None))
+try:
+    import triton
+    print("triton", triton.__version__)
+except ImportError:
+    print("triton: not installed")
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(i, p.name, getattr(p, "gcnArchName", f"sm_{p.major}{p.minor}"),
+          p.multi_processor_count, "CUs/SMs")
+EOF
+} 2>&1 | tee "$OUT_DIR/device.txt"
+
+timeout "${SELFCHECK_TIMEOUT:-600}" python3 -m pagedattn.selfcheck -v 2>&1 \
+  | tee "$OUT_DIR/selfcheck.log" | tail -30 || fail selfcheck
+cp "$PAGEDATTN_CACHE_DIR"/selfcheck/*.json "$OUT_DIR/" 2>/dev/null
+
+# the HIP extension is built once here, not by racing xdist workers (no toolkit: tests skip)
+python3 -c "from pagedattn.hip_kernels import build; build.load()" 2>&1 \
+  | tee "$OUT_DIR/hip-build.log" | tail -3
+jobs=()
+python3 -c "import xdist" 2>/dev/null && jobs=(-n "${TEST_JOBS:-8}")
+read -r -a files <<< "${GPU_TESTS:-tests/test_triton_decode.py tests/test_triton_decode_balance.py \
+tests/test_triton_decode_cs.py tests/test_triton_decode_gluon.py tests/test_triton_extend.py \
+tests/test_triton_extend_gpu.py tests/test_triton_store_copy.py tests/test_plan.py \
+tests/test_hip_backend.py tests/test_dispatch.py tests/test_dispatch_runs.py tests/test_replay.py \
+tests/test_launch_replay.py tests/test_selfcheck.py tests/test_verified_dispatch.py}"
+timeout "${TEST_TIMEOUT:-1800}" python3 -m pytest -q -p no:cacheprovider -rf --tb=short \
+  -m "not compile" "${jobs[@]}" --durations=15 "${files[@]}" "$@" 2>&1 \
+  | tee "$OUT_DIR/gpu-tests.log" | tail -40 || fail "GPU tests"
+
+python3 -m pagedattn.dispatch --all-archs > "$OUT_DIR/dispatch.txt" 2>&1 || fail dispatch
+PAGEDATTN_VALIDATE=0 timeout "${BENCH_TIMEOUT:-1800}" python3 -m pagedattn.bench record \
+  --out "$OUT_DIR/tables" 2>&1 | tee "$OUT_DIR/bench.log" | tail -40 || fail "tables of record"
+exit "$status"

@@ -11,6 +11,7 @@ import pagedattn as pa
 from pagedattn import dispatch
 from pagedattn.dispatch import arch as A
 from pagedattn.dispatch import capabilities as C
+from pagedattn.dispatch import core
 from pagedattn.dispatch.core import reuse_kv_times, partition_size_for, preference, select
 from dispatch_utils import ATTN_OPS, DTYPES, _clean_dispatch, _decode_args  # noqa: F401
 
@@ -20,10 +21,25 @@ BLOCK_SIZES = [1, 16, 64]  # 1: SGLang token pool (no HIP delta addressing)
 GROUPS = [1, 4, 16, 48, 96]  # 16 vs 15: partition rule; 96: past the largest REUSE (64)
 
 
+# The capability rules below assume every backend passed the self-check on the device; what
+# `auto` trusts without a record is tested in test_verified_dispatch.py.
+ALL_PASSED = tuple((b, True, "assumed") for b in ("triton", "hip", "torch"))
+
+
 def _sel(op, arch, **kw):
     kw.setdefault("layout", "bhsd")
     kw.setdefault("interpret", True)  # cpu: the interpreter is on, as in the CPU test tier
+    kw.setdefault("checked", ALL_PASSED)
     return select(op, arch, **kw)
+
+
+@pytest.fixture
+def hip_first(monkeypatch):
+    """AMD and Hygon ordered HIP first (as an A/B record measuring HIP faster there would), so
+    the rules that route calls away from HIP are exercised."""
+    for vendor in ("amd", "hygon"):
+        monkeypatch.setitem(core.PREFERENCE, vendor, {"*": ("hip", "triton", "torch")})
+    dispatch.cache_clear()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -73,7 +89,7 @@ def test_arch_facts_table():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_grid_hip_only_where_declared_else_triton(arch, dtype):
+def test_grid_hip_only_where_declared_else_triton(arch, dtype, hip_first):
     facts = dispatch.arch_facts(arch)
     for op in ATTN_OPS:
         order = preference(arch, op)
@@ -131,7 +147,7 @@ CASES = [
 @pytest.mark.parametrize("op,arch,dtype,kv,d,bs,g,expected,why", CASES,
                          ids=[f"{c[0][:6]}-{c[1]}-{str(c[3])[6:]}-D{c[4]}-bs{c[5]}-g{c[6]}"
                               for c in CASES])
-def test_decision_table(op, arch, dtype, kv, d, bs, g, expected, why):
+def test_decision_table(op, arch, dtype, kv, d, bs, g, expected, why, hip_first):
     dec = _sel(op, arch, dtype=dtype, kv_dtype=kv, head_dim=d, block_size=bs, group=g)
     assert dec.backend == expected, dec.describe()
     assert any(why in r for r in dec.reasons), dec.describe()
@@ -144,7 +160,7 @@ def test_cpu_without_interpreter_is_torch():
     assert any("TRITON_INTERPRET is not set" in r for r in dec.reasons)
 
 
-def test_features_and_layouts_route_away_from_hip():
+def test_features_and_layouts_route_away_from_hip(hip_first):
     base = dict(dtype=BF16, head_dim=128, block_size=16, group=4)
     assert _sel("paged_decode", "gfx942", features={"sinks"}, **base).backend == "triton"
     assert _sel("paged_decode", "gfx942", features={"window"}, **base).backend == "triton"
@@ -175,7 +191,7 @@ def test_reuse_kv_times_rounds_up(group, expected):
     assert reuse_kv_times(group) == expected
 
 
-def test_one_pass_vs_split_kv():
+def test_one_pass_vs_split_kv(hip_first):
     base = dict(dtype=BF16, head_dim=128, block_size=16, group=4)
     cus = dispatch.arch_facts("gfx942").num_cus
     few = _sel("paged_decode", "gfx942", num_seqs=2, num_kv_heads=8, **base)

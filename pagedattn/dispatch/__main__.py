@@ -1,14 +1,16 @@
 """``python -m pagedattn.dispatch [--all-archs]``: the device, its arch facts, and the backend
 each op picks for typical decode and extend shapes (Llama-3-8B-like heads: 32 q / 8 kv, D 128,
 block 16). The shapes are real tensors on the device, so the backends' own ``supports()`` run.
-``--all-archs`` also prints the pure decision for every arch in the facts table.
+``--all-archs`` also prints, per arch family, the backends' verification levels and what ``auto``
+picks from the package's table alone and once the backends passed the self-check there.
 """
 import os
 import sys
 
 import torch
 
-from pagedattn.dispatch.arch import ARCH_FACTS, detect_arch, device_facts, device_name
+from pagedattn.dispatch.arch import (ARCH_FACTS, _device_index, detect_arch, device_facts,
+                                     device_name)
 from pagedattn.dispatch.core import BACKENDS, select
 from pagedattn.dispatch.explain import explain
 
@@ -60,6 +62,36 @@ def _cases(dev, dtype):
     ]
 
 
+def all_archs_table() -> str:
+    """Per arch family: the order, each GPU backend's verification level for decode, and what
+    ``auto`` picks from the package's table alone and once every backend passed the self-check
+    on such a device (bf16 decode, 8 seqs, group 4, D 128, block 16)."""
+    from tabulate import tabulate
+
+    from pagedattn.dispatch import verified as V
+    from pagedattn.dispatch.core import preference
+
+    def pick(arch, checked=()):
+        try:
+            return select("paged_decode", arch, dtype=torch.bfloat16, head_dim=D, block_size=BS,
+                          group=HQ // HKV, layout="bhsd", num_seqs=8, num_kv_heads=HKV,
+                          interpret=True, checked=checked).backend
+        except ValueError:
+            return "none"
+
+    rows = []
+    for a in list(ARCH_FACTS) + ["unknown"]:
+        order = preference(a, "paged_decode")
+        passed = tuple((b, True, "what-if") for b in order)
+        rows.append([a, ARCH_FACTS[a].vendor if a in ARCH_FACTS else "unknown", " > ".join(order),
+                     V.table_entry(a, "triton", "paged_decode").level,
+                     V.table_entry(a, "hip", "paged_decode").level, pick(a), pick(a, passed)])
+    return ("== auto's choice per arch: bf16 decode, 8 seqs, group 4, D 128, block 16 ==\n"
+            + tabulate(rows, headers=["arch", "vendor", "order", "triton", "hip",
+                                      "auto (table)", "auto (self-check passed)"],
+                       tablefmt="github"))
+
+
 def main(argv) -> int:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     arch = detect_arch(dev)
@@ -73,6 +105,11 @@ def main(argv) -> int:
                                           "TRITON_INTERPRET")}
     print("environment: " + ", ".join(f"{k}={v}" for k, v in env.items()))
     print(f"backends: {list(BACKENDS)}")
+    from pagedattn.selfcheck import record
+    key = record.device_key(_device_index(dev))
+    ran = sorted({f"{b} {op}: {'passed' if ok else 'FAILED'}" for b, op, ok, _ in
+                  record.results(record.load(key))})
+    print(f"self-check record: {record.path_for(key)}: " + ("; ".join(ran) or "none"))
     for dtype in ((torch.bfloat16,) if dev.type == "cuda" else (torch.float16, torch.bfloat16)):
         print(f"\n== {str(dtype).replace('torch.', '')} (q {HQ} heads, kv {HKV} heads, D {D}, "
               f"block {BS}) ==")
@@ -88,11 +125,7 @@ def main(argv) -> int:
                 if " skipped: " in r:
                     print(" " * 33 + "- " + r)
     if "--all-archs" in argv:
-        print("\n== pure decisions per arch: bf16 decode, 8 seqs, group 4, D 128, block 16 ==")
-        for a in list(ARCH_FACTS) + ["unknown"]:
-            d = select("paged_decode", a, dtype=torch.bfloat16, head_dim=D, block_size=BS,
-                       group=HQ // HKV, layout="bhsd", num_seqs=8, num_kv_heads=HKV)
-            print(f"{a:8s} -> {d.backend} ({d.variant})")
+        print("\n" + all_archs_table())
     return 0
 
 

@@ -14,6 +14,7 @@ import torch
 
 from pagedattn import config
 from pagedattn.dispatch import capabilities as C
+from pagedattn.dispatch import verified as V
 from pagedattn.dispatch.arch import arch_facts, clear_caches, device_facts
 
 ##### Registry #####
@@ -46,19 +47,18 @@ def load(name: str):
 
 ##### Data tables #####
 
-# NOTE: AMD/Hygon rows are priors (no AMD/DCU hardware measured); the NVIDIA row follows the
-# H200 tables of record (docs/performance.md). Keys: an arch, else its vendor; per op, else "*".
-# * AMD/Hygon: the hand-written kernels (KV-head grid, REUSE_KV_TIMES, buffer loads) are the
-#   fast path they were written to be; Triton second.
+# NOTE the order ranks by speed; `auto` skips untrusted backends (verified.py). Keys: an arch, else
+# its vendor; per op, else "*". Priors but NVIDIA's until the A/B bench measures an arch.
+# * AMD/Hygon: Triton first until the HIP kernels have run there (compile- or syntax-checked
+#   only); on the H200 the HIP extend runs at a quarter of Triton's rate.
 # * NVIDIA: Triton first. On the H200 the HIP decode is 0.5-5.5 % ahead of Triton's on the 32/8
-#   rows of the decode table (bench/results/2026-12-02-h200-3e3d07a), behind on MHA, 1.2-1.9x
-#   slower with fp8 caches and 1.06-1.6x slower for groups > 16; it has fewer options (no sinks,
-#   soft-cap, ALiBi, windows, vllm layout, q_len > 1) and a ~20 s nvcc build on first use; the
-#   HIP extend runs at a quarter of Triton's rate (13-14 % of the matmul rate).
+#   rows of the decode table (bench/results/2026-12-02-h200-3e3d07a) but behind on MHA, 1.2-1.9x
+#   slower with fp8 caches and 1.06-1.6x for groups > 16; it has fewer options and a ~20 s nvcc
+#   build on first use.
 # * cpu / unknown GPUs: no HIP; Triton (the interpreter on cpu) then the torch reference.
 PREFERENCE = {
-    "amd": {"*": ("hip", "triton", "torch")},
-    "hygon": {"*": ("hip", "triton", "torch")},
+    "amd": {"*": ("triton", "hip", "torch")},
+    "hygon": {"*": ("triton", "hip", "torch")},
     "nvidia": {"*": ("triton", "hip", "torch")},
     "cpu": {"*": ("triton", "torch")},
     "unknown": {"*": ("triton", "torch")},
@@ -185,7 +185,8 @@ def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[
            num_kv_heads: Optional[int] = None, max_seq_len: Optional[int] = None,
            partition_size: Optional[int] = None, num_cus: Optional[int] = None,
            interpret: bool = False, backend: str = "auto", forced_by: str = "backend=",
-           rejected: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()) -> Decision:
+           rejected: Tuple[Tuple[str, Tuple[str, ...]], ...] = (),
+           checked: Tuple[V.Check, ...] = ()) -> Decision:
     """The backend, variant and parameters for one call, from plain facts (pure, cached).
 
     arch: ``detect_arch()``'s string. dtype: q's dtype; kv_dtype: the cache's (default dtype).
@@ -195,6 +196,7 @@ def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[
     num_cus: the device's CU/SM count (default: the arch table's). interpret: TRITON_INTERPRET.
     backend: "auto" or a forced backend (``forced_by`` names the override in messages).
     rejected: (backend, reasons) pairs its module's ``supports()`` gave at call time.
+    checked: this device's self-check results for ``op``; auto picks only trusted backends.
 
     Raises ValueError (naming the argument) for unknown names, and when a forced backend, or
     every backend, cannot serve the call: the message lists the reasons.
@@ -219,12 +221,13 @@ def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[
         features |= {"spec_decode"}
     return _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, features,
                    int(q_len), fills, short, partition_size, cus, bool(interpret), backend, forced_by,
-                   tuple(rejected))
+                   tuple(rejected), tuple(checked))
 
 
 @functools.lru_cache(maxsize=4096)
 def _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, features, q_len,
-            fills, short, partition_size, cus, interpret, backend, forced_by, rejected) -> Decision:
+            fills, short, partition_size, cus, interpret, backend, forced_by, rejected,
+            checked) -> Decision:
     facts = arch_facts(arch)._replace(num_cus=cus)
     f = dict(group=group, block_size=block_size, features=features, fills=fills, short=short,
              partition_size=partition_size)
@@ -247,15 +250,16 @@ def _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, feat
         if why:
             raise ValueError(f"backend {backend!r} (forced by {forced_by}) cannot serve {op} on "
                              f"{arch}: " + "; ".join(why))
-        return decide(backend, [f"{backend} forced by {forced_by}", where])
+        return decide(backend, [f"{backend} forced by {forced_by}", where,
+                                V.trust_note(backend, op, arch, checked)])
     order = preference(arch, op)
     notes = [f"{where}: order {' > '.join(order)} (prior; measured order goes in "
              f"{PREFERENCE_SOURCE})"]
     for name in order:
-        why = why_not(name)
+        why = why_not(name) or V.distrust(name, op, arch, checked)
         if not why:
             return decide(name, notes + [f"{name}: first backend in the order that supports "
-                                         "the call"])
+                                         "the call", V.trust_note(name, op, arch, checked)])
         notes.append(f"{name} skipped: " + "; ".join(why))
     raise ValueError(f"no backend can serve {op} on {arch}: " + " | ".join(notes[1:]))
 
@@ -271,6 +275,7 @@ def cache_clear() -> None:
     """Forget cached decisions and detected archs (tests; after changing devices)."""
     _select.cache_clear()
     clear_caches()
+    V.clear()
     _GENERATION[0] += 1
 
 
@@ -338,6 +343,7 @@ def call_facts(op: str, *, q=None, k_cache=None, layout=None, geom=None, opts=No
         num_seqs=q.shape[0] if op == "paged_decode" and q is not None else None,
         num_kv_heads=geom.num_kv_heads if geom else None,
         max_seq_len=block_table.shape[1] * bs if block_table is not None and bs else None,
+        checked=V.device_checks(dev, op),
         partition_size=partition_size if partition_size is not None else _env_partition_size())
 
 
@@ -364,7 +370,7 @@ def resolve_decision(op: str, backend: str = "auto", **facts) -> Decision:
                    forced_by=forced_by, rejected=rejected, **plain)
         why = _runtime_reasons(d.backend, op, facts)
         if not why:
-            return d
+            return V.warn_reference_fallback(d, op)
         if backend != "auto":
             raise ValueError(f"backend {backend!r} (forced by {forced_by}) cannot serve {op} on "
                              f"{arch}: " + "; ".join(why))
