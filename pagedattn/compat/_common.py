@@ -22,7 +22,7 @@ def refuse(option: str, value, instead: str):
 
 
 def canonical_dtype(name: str, value) -> torch.dtype:
-    """A torch dtype from a dtype or its name (``"float16"``, ``"bfloat16"``, ``"float8_e4m3fn"``)."""
+    """A torch dtype from a dtype or its name (``"float16"``, ``"float8_e4m3fn"``, ...)."""
     if isinstance(value, torch.dtype):
         return value
     if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):

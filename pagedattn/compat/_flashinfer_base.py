@@ -35,9 +35,10 @@ class WrapperBase:
         if backend not in OUR_BACKENDS:
             refuse("backend", backend, "FlashInfer's kernels do not run here; use 'auto' (or "
                    "pagedattn's 'triton', 'hip', 'torch')")
-        if jit_args is not None or jit_kwargs is not None:
-            refuse("jit_args", jit_args, "custom JIT attention variants are FlashInfer "
-                   "kernels; express the variant with plan/run options or use pagedattn's ops")
+        for name, val in (("jit_args", jit_args), ("jit_kwargs", jit_kwargs)):
+            if val is not None:
+                refuse(name, val, "custom JIT attention variants are FlashInfer kernels; "
+                       "express the variant with plan/run options or use pagedattn's ops")
         self.device = float_workspace_buffer.device
         self._kv_layout = kv_layout
         self._layout = KV_LAYOUTS[kv_layout]
@@ -51,6 +52,10 @@ class WrapperBase:
                     raise ValueError(f"{name}: required (a torch.Tensor) when use_cuda_graph "
                                      "is True")
             self._fixed_batch_size = graph_batch.numel()
+            if graph_indices[0][1].numel() != self._fixed_batch_size + 1:
+                raise ValueError(f"{graph_indices[0][0]}: expected batch_size + 1 = "
+                                 f"{self._fixed_batch_size + 1} entries, got "
+                                 f"{graph_indices[0][1].numel()}")
             self._table_cap = max(1, graph_indices[1][1].numel())
         else:
             self._fixed_batch_size = 0

@@ -67,9 +67,9 @@ class BatchPrefillWithPagedKVCacheWrapper(WrapperBase):
     >>> from pagedattn.compat.flashinfer import BatchPrefillWithPagedKVCacheWrapper
     >>> k, v = torch.randn(9, 16, 2, 64), torch.randn(9, 16, 2, 64)   # NHD
     >>> w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(0), "NHD")
-    >>> w.plan(torch.tensor([0, 3, 4], dtype=torch.int32), torch.tensor([0, 2, 3], dtype=torch.int32),
-    ...        torch.tensor([4, 1, 7], dtype=torch.int32), torch.tensor([5, 16], dtype=torch.int32),
-    ...        4, 2, 64, 16, causal=True, q_data_type=torch.float32)
+    >>> i32 = lambda x: torch.tensor(x, dtype=torch.int32)
+    >>> w.plan(i32([0, 3, 4]), i32([0, 2, 3]), i32([4, 1, 7]), i32([5, 16]), 4, 2, 64, 16,
+    ...        causal=True, q_data_type=torch.float32)
     >>> w.run(torch.randn(4, 4, 64), (k, v)).shape
     torch.Size([4, 4, 64])
     """

@@ -74,8 +74,9 @@ class BatchDecodeWithPagedKVCacheWrapper(WrapperBase):
     >>> from pagedattn.compat.flashinfer import BatchDecodeWithPagedKVCacheWrapper
     >>> kv = torch.randn(9, 2, 16, 2, 64)              # 9 pages, NHD, 2 KV heads
     >>> w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(0), "NHD")
-    >>> w.plan(torch.tensor([0, 2, 3], dtype=torch.int32), torch.tensor([4, 1, 7], dtype=torch.int32),
-    ...        torch.tensor([5, 16], dtype=torch.int32), 4, 2, 64, 16, q_data_type=torch.float32)
+    >>> i32 = lambda x: torch.tensor(x, dtype=torch.int32)
+    >>> w.plan(i32([0, 2, 3]), i32([4, 1, 7]), i32([5, 16]), 4, 2, 64, 16,
+    ...        q_data_type=torch.float32)
     >>> w.run(torch.randn(2, 4, 64), kv).shape
     torch.Size([2, 4, 64])
     """

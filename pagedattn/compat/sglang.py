@@ -104,6 +104,14 @@ def _check_pages(kv_indptr, kv_indices, table, ps):
                              "consecutive and page-aligned (pass page_size=1 otherwise)")
 
 
+def _no_score_mod(score_mod, aux_tensors):
+    if score_mod is not None:
+        refuse("score_mod", score_mod, "custom score modifiers are Triton functions of SGLang's "
+               "kernels; express the bias through pagedattn's options or use SGLang's kernel")
+    if aux_tensors is not None:
+        refuse("aux_tensors", "<tensors>", "they feed a score_mod, which is not provided")
+
+
 def _scales(k_scale, v_scale, buf_dtype):
     """SGLang multiplies the logit scale by k_scale and the output by v_scale. For an fp8 pool
     those are pagedattn's dequantisation scales; otherwise (scale factor, output factor)."""
@@ -159,9 +167,7 @@ def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_l
     if xai_temperature_len is not None and xai_temperature_len > 0:
         refuse("xai_temperature_len", xai_temperature_len, "position-dependent logit "
                "temperature is not provided")
-    if score_mod is not None or aux_tensors is not None:
-        refuse("score_mod", score_mod, "custom score modifiers are Triton functions of SGLang's "
-               "kernels; express the bias as alibi/sinks or use SGLang's kernel")
+    _no_score_mod(score_mod, aux_tensors)
     if v_buffer.shape[-1] != k_buffer.shape[-1]:
         refuse("v_buffer", tuple(v_buffer.shape), "K and V share one head_dim in pagedattn")
     batch = q.shape[0]
@@ -213,9 +219,7 @@ def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     if xai_temperature_len is not None and xai_temperature_len > 0:
         refuse("xai_temperature_len", xai_temperature_len, "position-dependent logit "
                "temperature is not provided")
-    if score_mod is not None or aux_tensors is not None:
-        refuse("score_mod", score_mod, "custom score modifiers are Triton functions of SGLang's "
-               "kernels")
+    _no_score_mod(score_mod, aux_tensors)
     window = sliding_window_size + 1 if sliding_window_size is not None \
         and sliding_window_size > 0 else None
     if window is not None and not is_causal:
@@ -229,9 +233,10 @@ def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
         ks = 1.0 if k_scale is None else k_scale
         vs = 1.0 if v_scale is None else v_scale
     else:
-        if not (is_unit(k_scale) and is_unit(v_scale)):
-            refuse("k_scale", (k_scale, v_scale), "SGLang scales only the cached prefix; on a "
-                   "16-bit pool pass 1.0")
+        for name, val in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not is_unit(val):
+                refuse(name, val, "SGLang scales only the cached prefix; on a 16-bit pool "
+                       "pass 1.0")
         ks = vs = None
     ext_lens = csr_lengths(qo_indptr)
     if skip_prefix:
