@@ -43,10 +43,10 @@ def fi_prefill(**kw):
     return w
 
 
-def sg_decode(**kw):
+def sg_decode(k_scale=1.0, v_scale=1.0, **kw):
     pool = torch.randn(8, 2, 32).half()
     S.decode_attention_fwd(Q1, pool, kw.pop("v_buffer", pool), torch.empty_like(Q1), i32([0, 2]),
-                           i32([3, 5]), None, None, None, 4, 0.2, 1.0, 1.0, **kw)
+                           i32([3, 5]), None, None, None, 4, 0.2, k_scale, v_scale, **kw)
 
 
 def sg_extend(*, k_scale=1.0, v_scale=1.0, is_causal=True, mask=None, **kw):
@@ -76,6 +76,7 @@ def vl_legacy(fn, **kw):
 
 
 ALIBI = {"pos_encoding_mode": "ALIBI"}
+META = torch.tensor(0.5, device="meta")  # a scale that lives on a device
 REFUSALS = {
     (f"{DEC}.__init__", "backend"): lambda: F.BatchDecodeWithPagedKVCacheWrapper(WS, backend="fa2"),
     (f"{DEC}.__init__", "jit_args"): lambda: F.BatchDecodeWithPagedKVCacheWrapper(WS, jit_args=[]),
@@ -89,6 +90,8 @@ REFUSALS = {
     (f"{DEC}.plan", "is_causal"): lambda: fi_decode(is_causal=True),
     (f"{DEC}.plan", "use_token_head_sf"): lambda: fi_decode(use_token_head_sf=True),
     (f"{DEC}.run", "args"): lambda: fi_decode().run(Q1, CACHE, 1),
+    (f"{DEC}.run", "q_scale"): lambda: fi_decode().run(Q1, CACHE, q_scale=META),
+    (f"{DEC}.run", "k_scale"): lambda: fi_decode().run(Q1, CACHE, k_scale=META),
     (f"{DEC}.run", "return_lse"): lambda: fi_decode(**ALIBI).run(Q1, CACHE, return_lse=True),
     (f"{DEC}.run", "sinks"): lambda: fi_decode(**ALIBI).run(Q1, CACHE, sinks=torch.zeros(4)),
     (f"{DEC}.run", "skip_softmax_threshold_scale_factor"):
@@ -111,6 +114,8 @@ REFUSALS = {
     (f"{PRE}.plan", "max_item_len_ptr"): lambda: fi_prefill(max_item_len_ptr=i32([0])),
     (f"{PRE}.plan", "use_token_head_sf"): lambda: fi_prefill(use_token_head_sf=True),
     (f"{PRE}.run", "args"): lambda: fi_prefill().run(Q1, CACHE, 1),
+    (f"{PRE}.run", "q_scale"): lambda: fi_prefill().run(Q1, CACHE, q_scale=META),
+    (f"{PRE}.run", "k_scale"): lambda: fi_prefill().run(Q1, CACHE, k_scale=META),
     (f"{PRE}.run", "return_lse"): lambda: fi_prefill(**ALIBI).run(Q1, CACHE, return_lse=True),
     (f"{PRE}.run", "sinks"): lambda: fi_prefill(**ALIBI).run(Q1, CACHE, sinks=torch.zeros(4)),
     (f"{PRE}.run", "kv_cache_sf"): lambda: fi_prefill().run(Q1, CACHE, kv_cache_sf=CACHE),
@@ -122,6 +127,7 @@ REFUSALS = {
     ("sglang.decode_attention_fwd", "xai_temperature_len"):
         lambda: sg_decode(xai_temperature_len=8),
     ("sglang.decode_attention_fwd", "has_mla"): lambda: sg_decode(has_mla=True),
+    ("sglang.decode_attention_fwd", "k_scale"): lambda: sg_decode(k_scale=META),
     ("sglang.decode_attention_fwd", "score_mod"): lambda: sg_decode(score_mod=max),
     ("sglang.decode_attention_fwd", "aux_tensors"): lambda: sg_decode(aux_tensors=[Q1]),
     ("sglang.extend_attention_fwd", "k_scale"): lambda: sg_extend(k_scale=0.5),
@@ -214,7 +220,7 @@ def test_per_layer_calls_read_nothing_back(monkeypatch):
             dec.run(Q1, CACHE, sinks=torch.zeros(4), k_scale=0.5, v_scale=2.0)
             dec.run(Q1, CACHE, return_lse=True)
             pre.run(Q1, CACHE, q_scale=2.0)
-            sg_decode(page_size=2)
+            sg_decode(page_size=2, v_scale=torch.tensor([2.0]))
             sg_extend(mask=torch.ones(6, dtype=torch.int8), page_size=2)
             vl_unified()
             vl_unified(q_lens=(3,))

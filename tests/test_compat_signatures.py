@@ -108,7 +108,7 @@ def test_docs_table_has_one_row_per_argument():
             assert status in STATUSES, f"{entry}.{arg}: status {status!r}"
 
 
-@pytest.mark.parametrize("module", [F, _flashinfer_prefill], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [F, _flashinfer_prefill, S, VL], ids=lambda m: m.__name__)
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, raise_on_error=False, verbose=False)
     assert result.attempted > 0 and result.failed == 0, result

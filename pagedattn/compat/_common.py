@@ -36,15 +36,25 @@ def is_unit(x) -> bool:
 
 
 def number(name: str, x) -> float:
-    """A host number: an int/float, or a 0-d/1-element CPU tensor (never a device read)."""
+    """A host number: an int/float, or a 1-element CPU tensor (never a device read)."""
     if isinstance(x, torch.Tensor):
         if x.numel() != 1 or x.device.type != "cpu":
-            raise NotImplementedError(
-                f"{name}: a device tensor here would need a host read; pass a float")
+            refuse(name, "<device tensor>", "folding it into the softmax scale would read it "
+                   "back to the host; pass a float (or use an fp8 cache, whose scales may be "
+                   "device tensors)")
         return float(x.reshape(()))
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise TypeError(f"{name}: expected a number, got {type(x).__name__}")
     return float(x)
+
+
+def out_factor(name: str, x):
+    """An output multiplier: None for 1, a float, or a 1-element tensor used on the device."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            raise ValueError(f"{name}: expected one element, got shape {tuple(x.shape)}")
+        return x.reshape(())
+    return None if is_unit(x) else number(name, x)
 
 
 def fp8(dtype: torch.dtype) -> bool:

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 
 from pagedattn import validation as V
-from pagedattn.compat._common import fp8, is_unit, number, refuse, unpack_kv
+from pagedattn.compat._common import fp8, number, out_factor, refuse, unpack_kv
 from pagedattn.layouts import cache_geometry
 
 KV_LAYOUTS = {"NHD": "bshd", "HND": "bhsd"}  # FlashInfer's name -> pagedattn's layout
@@ -158,7 +158,7 @@ class WrapperBase:
             return mult, ks, vs, None
         if k_scale is not None:
             mult *= number("k_scale", k_scale)
-        return mult, None, None, (None if is_unit(v_scale) else number("v_scale", v_scale))
+        return mult, None, None, out_factor("v_scale", v_scale)
 
     @staticmethod
     def _lse_out(lse_nat, lse, rows, heads, device, *, base2=True, transpose=False):

@@ -23,7 +23,8 @@ import torch
 
 from pagedattn import validation as V
 from pagedattn.api import extend_attention, paged_decode
-from pagedattn.compat._common import csr_lengths, csr_table, fp8, is_unit, number, refuse
+from pagedattn.compat._common import (csr_lengths, csr_table, fp8, is_unit, number, out_factor,
+                                      refuse)
 
 PEER = "sglang"
 PEER_VERSION = "0.5.23"
@@ -119,7 +120,7 @@ def _scales(k_scale, v_scale, buf_dtype):
         return 1.0, (1.0 if k_scale is None else k_scale), \
             (1.0 if v_scale is None else v_scale), None
     mult = 1.0 if k_scale is None else number("k_scale", k_scale)
-    return mult, None, None, (None if is_unit(v_scale) else number("v_scale", v_scale))
+    return mult, None, None, out_factor("v_scale", v_scale)
 
 
 def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse,
@@ -160,6 +161,19 @@ def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_l
         dim that differs from K's.
     ValueError, TypeError
         from pagedattn's checks, naming the argument.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pagedattn.compat.sglang import decode_attention_fwd
+    >>> k_pool, v_pool = torch.randn(64, 2, 64), torch.randn(64, 2, 64)   # 64 token slots
+    >>> q, o = torch.randn(2, 4, 64), torch.empty(2, 4, 64)
+    >>> kv_indptr = torch.tensor([0, 3, 8], dtype=torch.int32)
+    >>> kv_indices = torch.tensor([9, 4, 33, 5, 6, 7, 60, 1], dtype=torch.int32)
+    >>> decode_attention_fwd(q, k_pool, v_pool, o, kv_indptr, kv_indices, None, None, None, 8,
+    ...                      64 ** -0.5, 1.0, 1.0)
+    >>> bool(o.isfinite().all())
+    True
     """
     if has_mla:
         refuse("has_mla", has_mla, "MLA's absorbed decode (one latent buffer, Dv != Dk) has no "

@@ -96,6 +96,20 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
         per-sequence ``causal`` tensors, ``output_scale``, ``qq_bias``, ``mm_prefix_range``,
         R-SWA, ``use_alibi_sqrt``, chunked windows, and quantisation modes other than NONE and
         FP8_PER_TENSOR, each named.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pagedattn.compat.vllm import unified_attention
+    >>> k, v = torch.randn(8, 16, 2, 64), torch.randn(8, 16, 2, 64)  # 8 blocks of 16 tokens
+    >>> q, out = torch.randn(5, 4, 64), torch.empty(5, 4, 64)        # 4 + 1 new tokens
+    >>> cu_seqlens_q = torch.tensor([0, 4, 5], dtype=torch.int32)
+    >>> seqused_k = torch.tensor([4, 20], dtype=torch.int32)
+    >>> block_table = torch.tensor([[3, 0], [5, 1]], dtype=torch.int32)
+    >>> unified_attention(q, k, v, out, cu_seqlens_q, 4, seqused_k, 20, 64 ** -0.5, True,
+    ...                   (-1, -1), block_table, 0.0, None, None, None)
+    >>> bool(out.isfinite().all())
+    True
     """
     if isinstance(causal, torch.Tensor):
         refuse("causal", "<tensor>", "per-sequence causality is not provided; split the batch")
