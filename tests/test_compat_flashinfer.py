@@ -178,9 +178,28 @@ def test_graph_mode_keeps_metadata_addresses_across_plans():
         q = torch.randn(2, 4, 32, generator=gen).half()
         ref = R.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, layout="bshd")
         assert_attn_close(w.run(q, (b.k_cache, b.v_cache)), ref, torch.float16)
-    assert len(ptrs) == 1
+    assert len(ptrs) == 1 and w._table_buf.shape == (2, 16)  # len(indices buffer) wide
     with pytest.raises(ValueError, match="batch size"):
         w.plan(i32([0, 1]), i32([1]), i32([3]), 4, 2, 32, 16)
+
+
+def test_graph_mode_with_caller_block_tables_keeps_their_width():
+    gen = torch.Generator().manual_seed(8)
+    bufs = dict(paged_kv_indptr_buffer=torch.empty(3, dtype=torch.int32),
+                paged_kv_indices_buffer=torch.empty(4096, dtype=torch.int32),
+                paged_kv_last_page_len_buffer=torch.empty(2, dtype=torch.int32))
+    w = F.BatchDecodeWithPagedKVCacheWrapper(WS, "NHD", use_cuda_graph=True, **bufs)
+    b = paged([20, 64], page_size=16, gen=gen)  # 2 and 4 pages; the table has slack columns
+    w.plan(*flashinfer_pages(b), 4, 2, 32, 16, block_tables=b.block_table,
+           seq_lens=b.seq_lens)
+    assert w._table_buf.shape == (2, b.block_table.shape[1])
+    q = torch.randn(2, 4, 32, generator=gen).half()
+    ref = R.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, layout="bshd")
+    assert_attn_close(w.run(q, (b.k_cache, b.v_cache)), ref, torch.float16)
+    wide = torch.ones(2, b.block_table.shape[1] + 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="block_tables"):
+        w.plan(i32([0, 1, 2]), i32([1, 1]), i32([3, 3]), 4, 2, 32, 16, block_tables=wide,
+               seq_lens=i32([16 * wide.shape[1]] * 2))
 
 
 def test_plan_rejects_bad_page_lists_and_run_checks_the_cache():

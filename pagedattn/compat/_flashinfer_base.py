@@ -101,9 +101,12 @@ class WrapperBase:
         alibi = alibi_slopes(num_qo_heads, self.device) if pos_encoding_mode == "ALIBI" else None
         return cap, (window_left + 1 if window_left >= 0 else None), alibi
 
-    def _stage(self, meta, batch_size):
+    def _stage(self, meta, batch_size, block_tables):
         """Graph mode: copy the plan's table and lengths into buffers that keep their address
-        across plans (a captured run reads them at replay). Other modes: use them as built."""
+        across plans (a captured run reads them at replay). Other modes: use them as built.
+
+        The table buffer is as wide as the first plan's ``block_tables``, else as the
+        paged_kv_indices buffer is long (every plan FlashInfer accepts fits)."""
         if not self._use_cuda_graph:
             return meta.block_table, meta.seq_lens
         if batch_size != self._fixed_batch_size:
@@ -111,12 +114,14 @@ class WrapperBase:
                              f"{self._fixed_batch_size} (paged_kv_last_page_len_buffer)")
         w = meta.block_table.shape[1]
         if self._table_buf is None:
-            self._table_buf = torch.zeros((batch_size, self._table_cap), dtype=torch.int32,
+            cap = self._table_cap if block_tables is None else w
+            self._table_buf = torch.zeros((batch_size, cap), dtype=torch.int32,
                                           device=self.device)
             self._lens_buf = torch.zeros((batch_size,), dtype=torch.int32, device=self.device)
-        if w > self._table_cap:
-            raise ValueError(f"indices: a request needs {w} pages, more than the "
-                             f"paged_kv_indices_buffer's {self._table_cap}")
+        if w > self._table_buf.shape[1]:
+            raise ValueError(f"block_tables: a request needs {w} pages, more than the "
+                             f"{self._table_buf.shape[1]} the captured table holds (the first "
+                             "plan's block_tables width, else len(paged_kv_indices_buffer))")
         self._table_buf[:, :w].copy_(meta.block_table)
         self._table_buf[:, w:].zero_()
         self._lens_buf.copy_(meta.seq_lens)

@@ -119,6 +119,7 @@ class BatchPrefillWithPagedKVCacheWrapper(WrapperBase):
         NotImplementedError
             an option pagedattn cannot honour, named.
         """
+        self._plan = None  # a plan that fails leaves none behind
         if head_dim_vo is not None and head_dim_vo != head_dim_qk:
             refuse("head_dim_vo", head_dim_vo, "K and V share one head_dim in pagedattn")
         for name, val in (("prefix_len_ptr", prefix_len_ptr),
@@ -161,7 +162,7 @@ class BatchPrefillWithPagedKVCacheWrapper(WrapperBase):
             mi = torch.zeros(b + 1, dtype=torch.int64)
             mi[1:] = torch.cumsum(sizes, 0)
             mask, mask_indptr = mask.to(self.device), mi.to(device=self.device, dtype=torch.int32)
-        table, lens = self._stage(meta, b)
+        table, lens = self._stage(meta, b, block_tables)
         cu = qo.to(device=self.device, dtype=torch.int32)
         if self._use_cuda_graph:
             cu, mask, mask_indptr = self._stage_prefill(cu, mask, mask_indptr)
@@ -195,8 +196,8 @@ class BatchPrefillWithPagedKVCacheWrapper(WrapperBase):
             uses_spcompress=None):
         """Attention of ``q`` ``[qo_indptr[-1], num_qo_heads, head_dim]`` with the last plan.
 
-        No host sync unless ``PAGEDATTN_VALIDATE=1`` asks for pagedattn's device-data checks:
-        capturable in a CUDA graph. Scales as in the decode wrapper's ``run``; ``lse_base``
+        No host sync unless pagedattn's device-data checks are on (``PAGEDATTN_VALIDATE=1``, or
+        the torch backend): capturable in a CUDA graph. Scales as in the decode wrapper's ``run``; ``lse_base``
         ``"log2"`` or ``"ln"``, ``lse_layout`` ``"NH"`` or ``"HN"``; ``window_left`` overrides
         the plan's for this call.
         """

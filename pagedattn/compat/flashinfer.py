@@ -118,6 +118,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WrapperBase):
             an option pagedattn cannot honour, named (``pos_encoding_mode="ROPE_LLAMA"``,
             ``window_right != 0``, ``use_token_head_sf``, ...).
         """
+        self._plan = None  # a plan that fails leaves none behind
         cap, window, alibi = self._plan_common(pos_encoding_mode, logits_soft_cap, window_left,
                                                num_qo_heads, use_token_head_sf)
         if window_right != 0:
@@ -139,7 +140,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WrapperBase):
         meta = page_metadata(indptr, indices, last_page_len, page_size, self.device,
                              block_tables=block_tables, seq_lens=seq_lens)
         b = meta.seq_lens.numel()
-        table, lens = self._stage(meta, b)
+        table, lens = self._stage(meta, b, block_tables)
         kv_scale = 1.0 if kv_dt in V.FP8_DTYPES else None
         kw = dict(num_q_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                   block_size=page_size, num_blocks=max(meta.max_page + 1, 1), q_dtype=q_dt,

@@ -45,7 +45,7 @@ class KVQuantMode(IntEnum):
 def _first(scale):
     """Element 0 of a scale tensor as a 1-element view (vLLM's kernels load one scalar; callers
     may pass an expanded ``[num_seqs, num_kv_heads]`` view of it)."""
-    if isinstance(scale, torch.Tensor) and scale.numel() > 1:
+    if isinstance(scale, torch.Tensor) and scale.numel() >= 1:
         return scale.as_strided((1,), (1,), scale.storage_offset())
     return scale
 
