@@ -43,9 +43,22 @@ def cache_dir() -> str:
     return path
 
 
+_FAILED = {}  # key -> PeerUnavailable: one failed download per process, not one per test
+
+
 def wheel(key: str) -> str:
     """Path of the pinned wheel, downloaded on first use (a file lock keeps parallel workers
     from fetching it twice)."""
+    if key in _FAILED:
+        raise _FAILED[key]
+    try:
+        return _fetch(key)
+    except PeerUnavailable as e:
+        _FAILED[key] = e
+        raise
+
+
+def _fetch(key: str) -> str:
     dist, version = PINS[key]
     d = cache_dir()
     pattern = os.path.join(d, f"{dist.replace('-', '_')}-{version}-*.whl")
@@ -54,7 +67,7 @@ def wheel(key: str) -> str:
         found = glob.glob(pattern)
         if not found:
             cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "-q", "-d", d, f"{dist}=={version}"]
+                   "--timeout", "30", "--retries", "1", "-q", "-d", d, f"{dist}=={version}"]
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             except (OSError, subprocess.TimeoutExpired) as e:
@@ -80,11 +93,16 @@ def extract(key: str, members) -> str:
     root = os.path.join(cache_dir(), "src", os.path.basename(whl)[:-4])
     with zipfile.ZipFile(whl) as z:
         for m in members:
-            if not os.path.exists(os.path.join(root, m)):
+            path = os.path.join(root, m)
+            if not os.path.exists(path):
                 try:
-                    z.extract(m, root)
+                    data = z.read(m)
                 except KeyError:
                     raise PeerUnavailable(f"{m} is not in {os.path.basename(whl)}") from None
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path + f".{os.getpid()}", "wb") as f:  # whole files only, even when
+                    f.write(data)                                # workers race
+                os.replace(path + f".{os.getpid()}", path)
     return root
 
 
