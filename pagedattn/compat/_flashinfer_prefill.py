@@ -197,9 +197,9 @@ class BatchPrefillWithPagedKVCacheWrapper(WrapperBase):
         """Attention of ``q`` ``[qo_indptr[-1], num_qo_heads, head_dim]`` with the last plan.
 
         No host sync unless pagedattn's device-data checks are on (``PAGEDATTN_VALIDATE=1``, or
-        the torch backend): capturable in a CUDA graph. Scales as in the decode wrapper's ``run``; ``lse_base``
-        ``"log2"`` or ``"ln"``, ``lse_layout`` ``"NH"`` or ``"HN"``; ``window_left`` overrides
-        the plan's for this call.
+        the torch backend): capturable in a CUDA graph. Scales as in the decode wrapper's
+        ``run``; ``lse_base`` ``"log2"`` or ``"ln"``, ``lse_layout`` ``"NH"`` or ``"HN"``;
+        ``window_left`` overrides the plan's for this call.
         """
         if args:
             refuse("*args", args, "custom-kernel arguments have no pagedattn kernel to go to")
