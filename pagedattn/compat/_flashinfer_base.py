@@ -6,7 +6,8 @@ from typing import Optional
 import torch
 
 from pagedattn import validation as V
-from pagedattn.compat._common import fp8, number, out_factor, refuse, unpack_kv
+from pagedattn.compat._common import (canonical_dtype, fp8, number, out_factor, refuse,
+                                      unpack_kv)
 from pagedattn.layouts import cache_geometry
 
 KV_LAYOUTS = {"NHD": "bshd", "HND": "bhsd"}  # FlashInfer's name -> pagedattn's layout
@@ -72,7 +73,6 @@ class WrapperBase:
     # ----- plan-time helpers -----
 
     def _plan_dtypes(self, q_data_type, kv_data_type, o_data_type, data_type=None):
-        from pagedattn.compat._common import canonical_dtype
         if data_type is not None:
             q_data_type = data_type if q_data_type is None else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
