@@ -41,5 +41,5 @@ elif [ "$what" != run-cpu ]; then
   exit 2
 fi
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-exec docker run --rm --ipc=host --shm-size 16g "${devices[@]}" -e "PAGEDATTN_COMMIT=$commit" \
+exec docker run --rm --ipc=host --shm-size 16g "${devices[@]}" -e "COMMIT=$commit" \
   -e CI -e GITHUB_ACTIONS -v "$PWD:/src" -w /src "$image" "$@"

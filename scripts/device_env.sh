@@ -1,5 +1,5 @@
 # Sourced (from the repository root) by scripts/gpu_run.sh: carried wheels (the FlashInfer peer,
-# scripts/fetch_gpu_wheels.sh), import paths, the commit label, and the packing of PACK_DIR into
+# scripts/fetch_gpu_wheels.sh), import paths, the commit label (COMMIT), and the packing of PACK_DIR into
 # TOP/results.tgz at exit. Needs TOP and PACK_DIR set. Works on CUDA, ROCm and DTK machines: no
 # step here needs nvcc or nvidia-smi.
 # shellcheck shell=bash
@@ -10,9 +10,10 @@ fi
 # FlashInfer kernels prebuilt for sm_90a on a CPU machine (.ficache/README.txt): no JIT on the GPU
 [ -d .ficache/flashinfer_jit_cache ] && export PYTHONPATH=${PYTHONPATH:-}:$PWD/.ficache
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
-export PYTHONUNBUFFERED=1 PAGEDATTN_VALIDATE=1
-# a copy of the tree without .git: pass PAGEDATTN_COMMIT=$(git rev-parse --short HEAD)
-export PAGEDATTN_COMMIT=${PAGEDATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export PYTHONUNBUFFERED=1
+# the commit the results report (a copy of the tree without .git: set COMMIT from the checkout)
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export COMMIT
 pack() { tar czf "$TOP/results.tgz" -C "$PACK_DIR" . 2>/dev/null; }
 trap pack EXIT
 # pytest -n N: N torch processes each spinning one OpenMP thread per core starve the CPU-side

@@ -63,8 +63,9 @@ python3 -c "from pagedattn.hip_kernels import build; build.load()" 2>&1 \
 jobs=()
 python3 -c "import xdist" 2>/dev/null && jobs=(-n "${TEST_JOBS:-8}")
 read -r -a files <<< "${GPU_TESTS:-tests/test_triton_decode.py tests/test_triton_decode_balance.py \
-tests/test_triton_decode_cs.py tests/test_triton_decode_gluon.py tests/test_triton_extend.py \
+tests/test_triton_decode_gluon.py tests/test_triton_extend.py tests/test_triton_extend_loop.py \
 tests/test_triton_extend_gpu.py tests/test_triton_store_copy.py tests/test_plan.py \
+tests/test_compat_gpu.py tests/test_fuzz_metadata.py \
 tests/test_hip_backend.py tests/test_dispatch.py tests/test_dispatch_runs.py tests/test_replay.py \
 tests/test_launch_replay.py tests/test_selfcheck.py tests/test_verified_dispatch.py}"
 timeout "${TEST_TIMEOUT:-1800}" python3 -m pytest -q -p no:cacheprovider -rf --tb=short \
@@ -73,5 +74,8 @@ timeout "${TEST_TIMEOUT:-1800}" python3 -m pytest -q -p no:cacheprovider -rf --t
 
 python3 -m pagedattn.dispatch --all-archs > "$OUT_DIR/dispatch.txt" 2>&1 || fail dispatch
 PAGEDATTN_VALIDATE=0 timeout "${BENCH_TIMEOUT:-1800}" python3 -m pagedattn.bench record \
-  --out "$OUT_DIR/tables" 2>&1 | tee "$OUT_DIR/bench.log" | tail -40 || fail "tables of record"
+  --out "$OUT_DIR/tables" --commit "$COMMIT" 2>&1 | tee "$OUT_DIR/bench.log" | tail -40 \
+  || fail "tables of record"
+# the folder of record: the tables, the facts, the command and the GPU test log together
+cp "$OUT_DIR/gpu-tests.log" "$OUT_DIR/tables/" 2>/dev/null
 exit "$status"
