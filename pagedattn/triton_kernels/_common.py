@@ -110,7 +110,8 @@ def finalize_state(m, l, acc, sink, HAS_SINK: tl.constexpr):
     """(m [M], l [M], acc [M, D]) -> (out [M, D] float32, lse2 [M]) in the log2 domain.
 
     Sinks (sink [M], natural-log logits as loaded) join the denominator only; lse excludes them.
-    An empty row (l == 0) gives out 0 and lse2 = -inf. NOTE every product that meets an add is
+    An empty row (l == 0) gives out 0 and lse2 = -inf; a poisoned one (l NaN, the guarded
+    kernels' mark of invalid metadata) out and lse2 NaN. NOTE every product that meets an add is
     an explicit FMA: left to the compiler, ``sink * log2(e) - m2`` was contracted in the split
     combine but not in the decode kernel (sm_90 PTX, triton 3.6), and outputs with a sink near
     the row maximum differed in the last bit between the launch shapes.
@@ -126,6 +127,8 @@ def finalize_state(m, l, acc, sink, HAS_SINK: tl.constexpr):
         r = tl.full(m.shape, 1.0, tl.float32)
         den = l
     inv = tl.where(den > 0, r / tl.where(den > 0, den, 1.0), 0.0)
+    inv = tl.where(l == l, inv, l)  # a poisoned row (l NaN: guarded metadata) stays NaN
     out = acc * inv[:, None]
     lse2 = tl.where(l > 0, m_safe + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
+    lse2 = tl.where(l == l, lse2, l)
     return out, lse2

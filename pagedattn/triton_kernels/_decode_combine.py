@@ -40,7 +40,8 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     A' = A a + acc b stay a chain (two FMA-deep per partition). Same values as ``merge``
     step by step: max is exact in any order, the exp2 arguments are the same numbers, the FMAs
     are explicit. Cost on the H200: (1, 32768) 32/8, 64 partitions: 8.5 us with the scalars
-    spread over lanes, 3.2 us with them in-thread and (32, 1, 4, 1) (see SPLIT_COMBINE). The group loop is not pipelined (C_STAGES 1; more stages measured slower).
+    spread over lanes, 3.2 us with them in-thread and (32, 1, 4, 1) (see SPLIT_COMBINE). The
+    group loop is not pipelined (C_STAGES 1; more stages measured slower).
     PDL (NVIDIA sm_90+): launched as a programmatic dependent of the decode kernel, the
     program starts while the decode grid drains and waits (griddepcontrol.wait) only before
     its first workspace read; seq_lens is an input, safe to read before.
@@ -88,9 +89,6 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         big_l = tl.zeros((1, BLOCK_DC), tl.float32)
         big_a = tl.zeros((1, BLOCK_DC), tl.float32)
         u_idx = tl.arange(0, UNROLL)
-        bad = False
-        if GUARD:  # a partition parked as NaN (it read an invalid block id)
-            bad = s < 0
         for p0 in tl.range(0, n_parts, UNROLL, num_stages=C_STAGES):
             # the scalars of merge for the whole group at once: running maxima by a cumulative
             # max (exact), then a_u = exp2(M_before - M_after), b_u = exp2(m_u - M_after)
@@ -107,8 +105,6 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
             l_g = tl.load(ws_ml_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg")
             m_sh = tl.load(ws_ml_ptr + 2 * (row - R), mask=(u_idx > 0) & (pp - 1 < n_parts),
                            other=float("-inf"), cache_modifier=".cg")  # m_{u-1}
-            if GUARD:
-                bad = bad | (tl.max((l_g != l_g).to(tl.int32), 0) > 0)
             m_g = tl.broadcast_to(m_g[:, None], (UNROLL, BLOCK_DC))
             l_g = tl.broadcast_to(l_g[:, None], (UNROLL, BLOCK_DC))
             m_sh = tl.broadcast_to(m_sh[:, None], (UNROLL, BLOCK_DC))
@@ -136,7 +132,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         if HAS_SINK:
             sink = tl.load(sinks_ptr + qh)
         o, lse2 = finalize_state(big_m, big_l, big_a, sink, HAS_SINK)
+        # a partition parked poisoned (l NaN: the guards) makes the row NaN through the merge
         _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, d, one == 0,
-                    (one + dc) == 0, d_mask, v_scale, bad, (dc == 0).to(tl.int32), Hq, LQ,
-                    stride_ob,
-                    stride_ot, stride_oh, RETURN_LSE, HAS_ERR)
+                    (one + dc) == 0, d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh,
+                    RETURN_LSE, HAS_ERR)

@@ -30,6 +30,7 @@ the keys fill the wgmma's M side), whose split programs take one partition each.
 """
 import torch
 
+from pagedattn import config
 from pagedattn._triton import interpreter_enabled
 from pagedattn.triton_kernels import _decode_gluon_swap as S
 from pagedattn.triton_kernels import _replay
@@ -78,9 +79,9 @@ def smem_bytes(head_dim: int, block_n: int, ns: int, elem: int = 2, rows: int = 
     balanced launch)."""
     if form(rows, block_n) == "swap":  # (the plan's reductions reuse the rows' scratch)
         return S.smem_bytes(head_dim, block_n, ns, rows, elem, NUM_WARPS)
-    # Q and the K and V rings; the plan's cross-warp reductions (three int32 per warp: the fused
-    # reductions of _decode_state)
-    return (BLOCK_M + 2 * ns * block_n) * head_dim * elem + (12 * NUM_WARPS if bal else 0)
+    # Q and the K and V rings; the cross-warp reductions: the plan's (three int32 per warp: the
+    # fused reductions of _decode_state), else the guards' scan of the table row (one per warp)
+    return (BLOCK_M + 2 * ns * block_n) * head_dim * elem + (12 if bal else 4) * NUM_WARPS
 
 
 def is_sm90(device) -> bool:
@@ -133,13 +134,16 @@ def launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_
         kernel, extra = decode_sm90, flags
     else:
         kernel, extra = S.decode_sm90_swap, dict(NQ=S.rows_padded(rows), **flags)
+    err = call.errors
     _replay.launch(
         rec, kernel, grid,
         q4, call.k_cache, call.v_cache, call.block_table, call.seq_lens, out4, lse, ws_ml, ws_o,
-        float(call.opts.scale) * 1.4426950408889634,
+        err if err is not None else lse, float(call.opts.scale) * 1.4426950408889634,
         q4.shape[1], q4.shape[2], n_part_max, ppp, bal["NB"], bal["FILL_N"], bal["SLOTS"],
-        bal["FINE"], q4.stride(0), q4.stride(1), q4.stride(2), out4.stride(0), out4.stride(1),
+        bal["FINE"], call.block_table.shape[1], call.geom.num_blocks, q4.stride(0), q4.stride(1),
+        q4.stride(2), out4.stride(0), out4.stride(1),
         out4.stride(2), call.block_table.stride(0), ks.block, ks.token, ks.head, vs.block,
         vs.token, vs.head, G=group, R=rows, D=d, PAGE=call.geom.block_size, PART=part,
         BLOCK_N=block_n, NS=ns, ONE_PASS=one_pass, MULTI=ppp > 1, CAUSAL=q4.shape[1] > 1,
-        RETURN_LSE=bool(call.return_lse), PDL=pdl, num_warps=NUM_WARPS, **extra)
+        RETURN_LSE=bool(call.return_lse), PDL=pdl, GUARD=config.get("PAGEDATTN_DEV_GUARDS"),
+        HAS_ERR=err is not None, num_warps=NUM_WARPS, **extra)

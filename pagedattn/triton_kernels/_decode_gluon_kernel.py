@@ -16,7 +16,7 @@ from triton.experimental.gluon.language.nvidia.hopper import async_copy, warpgro
 from pagedattn.triton_kernels._decode_gluon_ring import (_BLOCK_M, _bal_lens, _issue_kv, _kv_base,
                                                          _landed, _program, _ring_plan,
                                                          _ring_start)
-from pagedattn.triton_kernels._extend_gluon import _copy_rows, _ids
+from pagedattn.triton_kernels._extend_gluon import _bad_ids, _copy_rows, _ids
 
 _LN2 = gl.constexpr(0.6931471805599453)
 
@@ -39,7 +39,8 @@ def _fold(big_m, big_l, big_a, m_p, l_p, acc_p, ROW_O: gl.constexpr):
 @gluon.jit
 def _park(ws_ml_ptr, ws_o_ptr, row0, m, l, acc, R: gl.constexpr, D: gl.constexpr,
           ROW_S: gl.constexpr, ROW_O: gl.constexpr, COL_O: gl.constexpr):
-    """Store one partition's state for the combine at workspace rows row0 + [0, R)."""
+    """Store one partition's state for the combine at workspace rows row0 + [0, R) (l NaN:
+    poisoned by the guards; the combine writes NaN rows)."""
     rs = gl.arange(0, acc.shape[0], layout=ROW_S)
     gl.store(ws_ml_ptr + 2 * (row0 + rs), m, mask=rs < R)
     gl.store(ws_ml_ptr + 2 * (row0 + rs) + 1, l, mask=rs < R)
@@ -51,12 +52,15 @@ def _park(ws_ml_ptr, ws_o_ptr, row0, m, l, acc, R: gl.constexpr, D: gl.constexpr
 @gluon.jit
 def _finish(out_ptr, lse_ptr, s, h, m, l, acc, Hq, LQ, stride_ob, stride_ot, stride_oh,
             G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, RETURN_LSE: gl.constexpr,
-            ROW_O: gl.constexpr, COL_O: gl.constexpr):
+            ROW_O: gl.constexpr, COL_O: gl.constexpr, err_ptr=None,
+            HAS_ERR: gl.constexpr = False):
     """``_common.finalize_state`` (no sinks) and ``_decode_kernels._store_rows``: normalise,
-    store out (and the natural-log lse) of rows [0, R)."""
+    store out (and the natural-log lse) of rows [0, R); a poisoned row (l NaN) is NaN, counted
+    in err_ptr (HAS_ERR)."""
     m_safe = gl.where(m == float("-inf"), 0.0, m)
     r = gl.full(m.shape, 1.0, gl.float32, ROW_O)
     inv = gl.where(l > 0, r / gl.where(l > 0, l, 1.0), 0.0)
+    inv = gl.where(l == l, inv, l)
     o = acc * inv[:, None]
     ro = gl.arange(0, acc.shape[0], layout=ROW_O)
     qi = ro // G
@@ -68,7 +72,12 @@ def _finish(out_ptr, lse_ptr, s, h, m, l, acc, Hq, LQ, stride_ob, stride_ot, str
              mask=ok[:, None])
     if RETURN_LSE:
         lse2 = gl.where(l > 0, m_safe + gl.log2(gl.where(l > 0, l, 1.0)), float("-inf"))
+        lse2 = gl.where(l == l, lse2, l)
         gl.store(lse_ptr + ((s * LQ + qi) * Hq + qh), lse2 * _LN2, mask=ok)
+    if HAS_ERR:
+        n_bad = gl.sum(((l != l) & ok).to(gl.int32), 0)
+        if n_bad > 0:
+            gl.atomic_add(err_ptr, n_bad)
 
 
 @gluon.jit
@@ -79,16 +88,21 @@ def decode_sm90(
     out_ptr,  # [B, LQ, Hq, D]
     lse_ptr,  # float32 [B, LQ, Hq]
     ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
+    err_ptr,  # int32 [1]: guarded rows are counted here (HAS_ERR), else any pointer
     qk_scale,  # sm_scale * log2(e)
     LQ, Hq, P, PPP, NB, FILL_N, SLOTS, FINE,  # NB ..: the balanced launch's plan (BAL)
+    BT_W, NBLK,  # the block table's width; blocks in the cache
     stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_bt,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PART: gl.constexpr,
     BLOCK_N: gl.constexpr, NS: gl.constexpr, ONE_PASS: gl.constexpr, MULTI: gl.constexpr,
     CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, PDL: gl.constexpr, BAL: gl.constexpr,
-    NB_BLOCK: gl.constexpr,
+    NB_BLOCK: gl.constexpr, GUARD: gl.constexpr, HAS_ERR: gl.constexpr,
     num_warps: gl.constexpr,
 ):
+    # GUARD (``_decode_kernels._decode_kernel``'s contract): a length outside {0} u
+    # [LQ, BT_W * PAGE] runs as 0, a block id outside [0, NBLK) reads block 0; either makes the
+    # sequence's rows NaN, counted in err_ptr. Nothing outside the given tensors is touched.
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     LEAD: gl.constexpr = NS - 1  # tiles issued ahead of the one computed
     TPC: gl.constexpr = D // 8  # threads per row of a 16-byte-per-thread copy
@@ -105,10 +119,12 @@ def decode_sm90(
     KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_BLOCK_M, D], dtype)
 
-    h, s, seq_len, n_parts, p, t_lo, t_hi = _program(lens_ptr, PPP, PART, ONE_PASS, MULTI, PDL,
-                                                     BAL, NB)
+    CAP = BT_W * PAGE
+    h, s, seq_len, n_parts, p, t_lo, t_hi, bad_len = _program(lens_ptr, PPP, CAP, LQ, PART,
+                                                              ONE_PASS, MULTI, PDL, GUARD, BAL,
+                                                              NB)
     if BAL:  # issued beside seq_len
-        lens0, j0 = _bal_lens(lens_ptr, NB, NB_BLOCK, num_warps)
+        lens0, j0 = _bal_lens(lens_ptr, NB, CAP, LQ, NB_BLOCK, num_warps)
     if p >= n_parts:  # split: past the sequence's last partition
         return
     n_tiles, lim, bt_row, kc_h, vc_h, sb_k, sb_v = _kv_base(
@@ -126,24 +142,30 @@ def decode_sm90(
             q_smem, q_ptr, k_ring, v_ring, kc_h, vc_h, bt_ptr, lens_ptr, lens0, j0, s, seq_len,
             LQ, h, NB, FILL_N, SLOTS, FINE, stride_qb, stride_qt, stride_qh, stride_bt, sb_k,
             sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol, G, _BLOCK_M, PAGE, PART, BLOCK_N,
-            LEAD, LD, NB_BLOCK, CAUSAL)
+            LEAD, LD, NB_BLOCK, CAUSAL, CAP, NBLK, GUARD)
         if none:
             return
+        bad_len = bad_len & (gl.program_id(1) < NB)  # an extra share's sequence is valid
     else:
         ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h, bt_row,
                              t_lo, t_hi, LQ, h, stride_qt, stride_qh, sb_k, sb_v, stride_kt,
-                             stride_vt, k_tok, v_tok, r, dcol, G, _BLOCK_M, PAGE, BLOCK_N, LEAD,
-                             LD)
+                             stride_vt, k_tok, v_tok, r, dcol, NBLK, G, _BLOCK_M, PAGE, BLOCK_N,
+                             LEAD, LD, GUARD)
+    l0 = 0.0
+    if GUARD:  # the ring copies clamped ids; a bad one (or length) poisons the state: l NaN
+        bad = bad_len | _bad_ids(bt_row, t_lo // PAGE, (t_hi + PAGE - 1) // PAGE, NBLK,
+                                 num_warps)
+        l0 = gl.where(bad, float("nan"), 0.0)
 
     rows_s = gl.arange(0, _BLOCK_M, layout=ROW_S)
     pos = seq_len - LQ + rows_s // G  # [M] absolute query position of each row
     cols = gl.arange(0, BLOCK_N, layout=COL_S)
     ws_row0 = (s * gl.num_programs(0) + h) * P * R  # int64: (s, h, partition 0, row 0)
     m_i = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_S)
-    l_i = gl.zeros([_BLOCK_M], gl.float32, ROW_S)
+    l_i = gl.zeros([_BLOCK_M], gl.float32, ROW_S) + l0
     o = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
     big_m = gl.full([_BLOCK_M], float("-inf"), gl.float32, ROW_O)
-    big_l = gl.zeros([_BLOCK_M], gl.float32, ROW_O)
+    big_l = gl.zeros([_BLOCK_M], gl.float32, ROW_O) + l0
     big_a = gl.zeros([_BLOCK_M, D], gl.float32, MMA_O)
     for t in range(n_tiles):
         start = t_lo + t * BLOCK_N
@@ -152,7 +174,7 @@ def decode_sm90(
         _issue_kv(k_ring.index((t + LEAD) % NS), v_ring.index((t + LEAD) % NS), kc_h, vc_h,
                   ids_nx, nx, t_hi, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol,
                   PAGE, BLOCK_N)
-        ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+        ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N, NBLK, GUARD)
         _landed(LEAD)  # tile t
 
         sc = warpgroup_mma(q_smem, k_ring.index(t % NS).permute((1, 0)),
@@ -200,12 +222,12 @@ def decode_sm90(
 
     if ONE_PASS:
         _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
+                stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O, err_ptr, HAS_ERR)
     elif BAL:
         if whole:
             _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                    stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
+                    stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O, err_ptr, HAS_ERR)
     elif n_parts == 1:  # the state one pass would hold: one fold into the empty state
         big_m, big_l, big_a = _fold(big_m, big_l, big_a, m_i, l_i, o, ROW_O)
         _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
+                stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O, err_ptr, HAS_ERR)

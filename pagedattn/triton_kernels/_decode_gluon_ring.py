@@ -6,20 +6,23 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared
 
-from pagedattn.triton_kernels._decode_state import balanced_share, batch_lens
+from pagedattn.triton_kernels._decode_state import balanced_share, batch_lens, valid_len
 from pagedattn.triton_kernels._extend_gluon import _head_bases, _ids, _issue, _load_q
 
 BLOCK_M = 64  # one warpgroup's wgmma rows
 _BLOCK_M = gl.constexpr(BLOCK_M)  # jit code reads globals only as constexpr
 NUM_WARPS = 4
 @gluon.jit
-def _program(lens_ptr, PPP, PART: gl.constexpr, ONE_PASS: gl.constexpr, MULTI: gl.constexpr,
-             PDL: gl.constexpr, BAL: gl.constexpr = False, NB=1):
+def _program(lens_ptr, PPP, CAP, LQ, PART: gl.constexpr, ONE_PASS: gl.constexpr,
+             MULTI: gl.constexpr, PDL: gl.constexpr, GUARD: gl.constexpr, BAL: gl.constexpr = False,
+             NB=1):
     """What a program of every Gluon decode form serves: (KV head h, sequence s, seq_len, its
     partition count, the program's first partition p, its tokens [t_lo, t_hi)). Grid: (Hkv, B,
     P) split, (Hkv, B, cdiv(P, PPP)) split with MULTI, (Hkv, B, 1) one pass; p >= the count:
     nothing to do. Balanced (BAL, grid (Hkv, B + extra shares, 1)): a first share's start, from
-    key 0 (:func:`_ring_plan` settles it). Lets the combine launch (PDL)."""
+    key 0 (:func:`_ring_plan` settles it). Lets the combine launch (PDL). GUARD: the length as
+    ``_decode_state.valid_len`` runs it (an invalid one runs as 0); also returns whether it was
+    invalid (the rows are then written as NaN)."""
     h = gl.program_id(0)
     if PDL:  # the combine launch may start now; it waits for this grid before reading
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n mov.u32 $0, $1;", "=r,r",
@@ -28,6 +31,10 @@ def _program(lens_ptr, PPP, PART: gl.constexpr, ONE_PASS: gl.constexpr, MULTI: g
     if BAL:  # an extra share's sequence comes from the plan
         s = gl.minimum(s, NB - 1)
     seq_len = gl.load(lens_ptr + s)
+    bad_len = s < 0
+    if GUARD:
+        seq_len, len_ok = valid_len(seq_len, CAP, LQ)
+        bad_len = len_ok == 0
     n_parts = gl.maximum((seq_len + PART - 1) // PART, 1)
     if ONE_PASS or BAL:
         p = 0
@@ -41,15 +48,15 @@ def _program(lens_ptr, PPP, PART: gl.constexpr, ONE_PASS: gl.constexpr, MULTI: g
         p = gl.program_id(2)
         t_lo = p * PART
         t_hi = gl.minimum(p * PART + PART, seq_len)
-    return h, s, seq_len, n_parts, p, t_lo, t_hi
+    return h, s, seq_len, n_parts, p, t_lo, t_hi, bad_len
 
 
 @gluon.jit
-def _bal_lens(lens_ptr, NB, NB_BLOCK: gl.constexpr, num_warps: gl.constexpr):
+def _bal_lens(lens_ptr, NB, CAP, LQ, NB_BLOCK: gl.constexpr, num_warps: gl.constexpr):
     """(the first NB_BLOCK lengths, their indices) for the balanced launch's plan."""
     JL: gl.constexpr = gl.BlockedLayout([NB_BLOCK // (32 * num_warps)], [32], [num_warps], [0])
     j0 = gl.arange(0, NB_BLOCK, layout=JL)
-    return batch_lens(lens_ptr, NB, j0), j0
+    return batch_lens(lens_ptr, NB, j0, CAP, LQ), j0
 
 
 @gluon.jit
@@ -58,14 +65,16 @@ def _ring_plan(q_smem, q_ptr, k_ring, v_ring, kc_h, vc_h, bt_ptr, lens_ptr, lens
                stride_bt, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol,
                G: gl.constexpr, M: gl.constexpr, PAGE: gl.constexpr, PART: gl.constexpr,
                BLOCK_N: gl.constexpr, LEAD: gl.constexpr, LD: gl.constexpr,
-               NB_BLOCK: gl.constexpr, CAUSAL: gl.constexpr):
+               NB_BLOCK: gl.constexpr, CAUSAL: gl.constexpr, CAP=0, nblk=0,
+               GUARD: gl.constexpr = False):
     """The balanced launch's start (``_decode_state.plan``, ``extra_share``; grid (Hkv, B +
     extra shares, 1)): program y < B runs sequence y's first share, program B + e the batch's
     extra share e. A first share's ring starts before the plan arrives: its first LEAD + 1
     tiles are those of the whole sequence whenever a share spans a partition of at least
     LEAD + 1 tiles. Returns (s, seq_len, n_parts, p, t_lo, t_hi, whole, none, the block ids of
     tile LEAD, and :func:`_tiles` of the share); none: an extra program past the batch's last
-    share (nothing issued). The head's K and V bases (kc_h, ...) do not depend on the plan."""
+    share (nothing issued). The head's K and V bases (kc_h, ...) do not depend on the plan.
+    GUARD: every id issued is kept inside [0, nblk) (``_extend_gluon._ids``)."""
     y = gl.program_id(1)
     EARLY: gl.constexpr = (LEAD + 1) * BLOCK_N <= PART
     if PAGE < BLOCK_N:
@@ -77,10 +86,10 @@ def _ring_plan(q_smem, q_ptr, k_ring, v_ring, kc_h, vc_h, bt_ptr, lens_ptr, lens
             ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h,
                                  bt_ptr + s * stride_bt, 0, seq_len, LQ, h, stride_qt,
                                  stride_qh, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r,
-                                 dcol, G, M, PAGE, BLOCK_N, LEAD, LD)
+                                 dcol, nblk, G, M, PAGE, BLOCK_N, LEAD, LD, GUARD)
     s, seq_len, whole, p, pp, none = balanced_share(y, s, seq_len, lens0, j0, lens_ptr, NB,
                                                     gl.num_programs(0), FILL_N, SLOTS, FINE,
-                                                    PART, NB_BLOCK)
+                                                    PART, CAP, LQ, NB_BLOCK)
     n_parts = gl.maximum((seq_len + PART - 1) // PART, 1)
     t_lo = p * PART
     t_hi = gl.minimum((p + pp) * PART, seq_len)
@@ -91,7 +100,8 @@ def _ring_plan(q_smem, q_ptr, k_ring, v_ring, kc_h, vc_h, bt_ptr, lens_ptr, lens
     if late & (none == 0):
         ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h, bt_row,
                              t_lo, t_hi, LQ, h, stride_qt, stride_qh, sb_k, sb_v, stride_kt,
-                             stride_vt, k_tok, v_tok, r, dcol, G, M, PAGE, BLOCK_N, LEAD, LD)
+                             stride_vt, k_tok, v_tok, r, dcol, nblk, G, M, PAGE, BLOCK_N, LEAD,
+                             LD, GUARD)
     return s, seq_len, n_parts, p, t_lo, t_hi, whole, none, ids_nx, n_tiles, lim, bt_row
 
 
@@ -131,8 +141,9 @@ def _issue_kv(k_slot, v_slot, kc_h, vc_h, ids, start, t_hi, sb_k, sb_v, stride_k
 @gluon.jit
 def _ring_start(q_smem, q_seq_ptr, k_ring, v_ring, kc_h, vc_h, bt_row, t_lo, t_hi, LQ, h,
                 stride_qt, stride_qh, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol,
-                G: gl.constexpr, M: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
-                LEAD: gl.constexpr, LD: gl.constexpr):
+                nblk, G: gl.constexpr, M: gl.constexpr, PAGE: gl.constexpr,
+                BLOCK_N: gl.constexpr, LEAD: gl.constexpr, LD: gl.constexpr,
+                GUARD: gl.constexpr):
     """The prologue of the cp.async ring: Q (its M rows: row r = (token r // G, head h * G +
     r % G), the extend kernel's rows for one query block of LQ tokens) joins tile 0's group,
     tiles 1 .. LEAD - 1 one group each. Returns the block ids of tile LEAD."""
@@ -140,9 +151,9 @@ def _ring_start(q_smem, q_seq_ptr, k_ring, v_ring, kc_h, vc_h, bt_row, t_lo, t_h
     for i in gl.static_range(LEAD):
         start = t_lo + i * BLOCK_N
         _issue_kv(k_ring.index(i), v_ring.index(i), kc_h, vc_h,
-                  _ids(bt_row, start, t_hi, r, PAGE, BLOCK_N), start, t_hi, sb_k, sb_v,
-                  stride_kt, stride_vt, k_tok, v_tok, r, dcol, PAGE, BLOCK_N)
-    return _ids(bt_row, t_lo + LEAD * BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+                  _ids(bt_row, start, t_hi, r, PAGE, BLOCK_N, nblk, GUARD), start, t_hi, sb_k,
+                  sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol, PAGE, BLOCK_N)
+    return _ids(bt_row, t_lo + LEAD * BLOCK_N, t_hi, r, PAGE, BLOCK_N, nblk, GUARD)
 
 
 @gluon.jit

@@ -24,10 +24,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
                                                               warpgroup_mma)
 
-from pagedattn.triton_kernels._decode_gluon_ring import (_bal_lens, _issue_kv, _kv_base,
-                                                         _landed, _program, _ring_plan,
-                                                         _ring_start)
-from pagedattn.triton_kernels._extend_gluon import _copy_rows, _ids
+from pagedattn.triton_kernels._decode_gluon_ring import (_bal_lens, _issue_kv, _kv_base, _landed,
+                                                         _program, _ring_plan, _ring_start)
+from pagedattn.triton_kernels._extend_gluon import _bad_ids, _copy_rows, _ids
 
 _LN2 = gl.constexpr(0.6931471805599453)
 
@@ -81,11 +80,14 @@ def _park_t(ws_ml_ptr, ws_o_ptr, row0, m, l, acc, R: gl.constexpr, D: gl.constex
 @gluon.jit
 def _finish_t(out_ptr, lse_ptr, s, h, m, l, acc, Hq, LQ, stride_ob, stride_ot, stride_oh,
               G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, RETURN_LSE: gl.constexpr,
-              ROW_O: gl.constexpr, COL_O: gl.constexpr):
-    """``_decode_gluon_kernel._finish`` on a transposed state: normalise, store out (and lse)."""
+              ROW_O: gl.constexpr, COL_O: gl.constexpr, err_ptr=None,
+              HAS_ERR: gl.constexpr = False):
+    """``_decode_gluon_kernel._finish`` on a transposed state: normalise, store out (and lse);
+    a poisoned row (l NaN) is NaN, counted in err_ptr (HAS_ERR)."""
     m_safe = gl.where(m == float("-inf"), 0.0, m)
     one = gl.full(m.shape, 1.0, gl.float32, COL_O)
     inv = gl.where(l > 0, one / gl.where(l > 0, l, 1.0), 0.0)
+    inv = gl.where(l == l, inv, l)
     o = acc * inv[None, :]
     ro = gl.arange(0, acc.shape[1], layout=COL_O)
     qi = ro // G
@@ -97,7 +99,12 @@ def _finish_t(out_ptr, lse_ptr, s, h, m, l, acc, Hq, LQ, stride_ob, stride_ot, s
              mask=ok[None, :])
     if RETURN_LSE:
         lse2 = gl.where(l > 0, m_safe + gl.log2(gl.where(l > 0, l, 1.0)), float("-inf"))
+        lse2 = gl.where(l == l, lse2, l)
         gl.store(lse_ptr + ((s * LQ + qi) * Hq + qh), lse2 * _LN2, mask=ok)
+    if HAS_ERR:
+        n_bad = gl.sum(((l != l) & ok).to(gl.int32), 0)
+        if n_bad > 0:
+            gl.atomic_add(err_ptr, n_bad)
 
 
 @gluon.jit
@@ -157,7 +164,8 @@ def _end_tile_t(ws_ml_ptr, ws_o_ptr, ws_row0, end, t_hi, n_parts, m_i, l_i, o, b
 def _epilogue_t(out_ptr, lse_ptr, s, h, n_parts, m_i, l_i, o, big_m, big_l, big_a, Hq, LQ,
                 stride_ob, stride_ot, stride_oh, G: gl.constexpr, R: gl.constexpr,
                 ONE_PASS: gl.constexpr, RETURN_LSE: gl.constexpr, MMA: gl.constexpr,
-                BAL: gl.constexpr = False, whole=False):
+                BAL: gl.constexpr = False, whole=False, err_ptr=None,
+                HAS_ERR: gl.constexpr = False):
     """Store out (and lse) where this program finishes its sequence: one pass, a balanced
     program that owns its sequence (BAL and whole), or a split sequence of one partition (the
     state one pass would hold: one fold into the empty one)."""
@@ -165,15 +173,15 @@ def _epilogue_t(out_ptr, lse_ptr, s, h, n_parts, m_i, l_i, o, big_m, big_l, big_
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
     if ONE_PASS:
         _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                  stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL)
+                  stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL, err_ptr, HAS_ERR)
     elif BAL:
         if whole:
             _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                      stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL)
+                      stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL, err_ptr, HAS_ERR)
     elif n_parts == 1:
         big_m, big_l, big_a = _fold_t(big_m, big_l, big_a, m_i, l_i, o, COL)
         _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                  stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL)
+                  stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL, err_ptr, HAS_ERR)
 
 
 @gluon.jit
@@ -184,16 +192,19 @@ def decode_sm90_swap(
     out_ptr,  # [B, LQ, Hq, D]
     lse_ptr,  # float32 [B, LQ, Hq]
     ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
+    err_ptr,  # int32 [1]: guarded rows are counted here (HAS_ERR), else any pointer
     qk_scale,  # sm_scale * log2(e)
     LQ, Hq, P, PPP, NB, FILL_N, SLOTS, FINE,  # NB ..: the balanced launch's plan (BAL)
+    BT_W, NBLK,  # the block table's width; blocks in the cache
     stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_bt,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     G: gl.constexpr, R: gl.constexpr, NQ: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     PART: gl.constexpr, BLOCK_N: gl.constexpr, NS: gl.constexpr, ONE_PASS: gl.constexpr,
     MULTI: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, PDL: gl.constexpr,
-    BAL: gl.constexpr, NB_BLOCK: gl.constexpr,
+    BAL: gl.constexpr, NB_BLOCK: gl.constexpr, GUARD: gl.constexpr, HAS_ERR: gl.constexpr,
     num_warps: gl.constexpr,
 ):
+    # GUARD: as ``_decode_gluon_kernel.decode_sm90``
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     TPC: gl.constexpr = D // 8  # threads per row of a 16-byte-per-thread copy
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [num_warps, 1], [1, 0])
@@ -205,10 +216,12 @@ def decode_sm90_swap(
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, D], dtype)
     P_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, BLOCK_N], dtype)
 
-    h, s, seq_len, n_parts, p, t_lo, t_hi = _program(lens_ptr, PPP, PART, ONE_PASS, MULTI, PDL,
-                                                     BAL, NB)
+    CAP = BT_W * PAGE
+    h, s, seq_len, n_parts, p, t_lo, t_hi, bad_len = _program(lens_ptr, PPP, CAP, LQ, PART,
+                                                              ONE_PASS, MULTI, PDL, GUARD, BAL,
+                                                              NB)
     if BAL:  # issued beside seq_len
-        lens0, j0 = _bal_lens(lens_ptr, NB, NB_BLOCK, num_warps)
+        lens0, j0 = _bal_lens(lens_ptr, NB, CAP, LQ, NB_BLOCK, num_warps)
     if p >= n_parts:  # split: past the sequence's last partition
         return
     n_tiles, lim, bt_row, kc_h, vc_h, sb_k, sb_v = _kv_base(
@@ -227,23 +240,30 @@ def decode_sm90_swap(
             q_smem, q_ptr, k_ring, v_ring, kc_h, vc_h, bt_ptr, lens_ptr, lens0, j0, s, seq_len,
             LQ, h, NB, FILL_N, SLOTS, FINE, stride_qb, stride_qt, stride_qh, stride_bt, sb_k,
             sb_v, stride_kt, stride_vt, k_tok, v_tok, r, dcol, G, NQ, PAGE, PART, BLOCK_N,
-            NS - 1, LD, NB_BLOCK, CAUSAL)
+            NS - 1, LD, NB_BLOCK, CAUSAL, CAP, NBLK, GUARD)
         if none:
             return
+        bad_len = bad_len & (gl.program_id(1) < NB)  # an extra share's sequence is valid
     else:
         ids_nx = _ring_start(q_smem, q_ptr + s * stride_qb, k_ring, v_ring, kc_h, vc_h, bt_row,
                              t_lo, t_hi, LQ, h, stride_qt, stride_qh, sb_k, sb_v, stride_kt,
-                             stride_vt, k_tok, v_tok, r, dcol, G, NQ, PAGE, BLOCK_N, NS - 1, LD)
+                             stride_vt, k_tok, v_tok, r, dcol, NBLK, G, NQ, PAGE, BLOCK_N,
+                             NS - 1, LD, GUARD)
+    l0 = 0.0
+    if GUARD:  # as decode_sm90: a bad id (or length) poisons the state (l NaN)
+        bad = bad_len | _bad_ids(bt_row, t_lo // PAGE, (t_hi + PAGE - 1) // PAGE, NBLK,
+                                 num_warps)
+        l0 = gl.where(bad, float("nan"), 0.0)
 
     qrow = gl.arange(0, NQ, layout=COL_S)
     pos = seq_len - LQ + qrow // G  # [NQ] absolute query position of each row
     keys = gl.arange(0, BLOCK_N, layout=ROW_S)
     ws_row0 = (s * gl.num_programs(0) + h) * P * R  # int64: (s, h, partition 0, row 0)
     m_i = gl.full([NQ], float("-inf"), gl.float32, COL_S)
-    l_i = gl.zeros([NQ], gl.float32, COL_S)
+    l_i = gl.zeros([NQ], gl.float32, COL_S) + l0
     o = gl.zeros([D, NQ], gl.float32, MMA)  # O^T
     big_m = gl.full([NQ], float("-inf"), gl.float32, COL_S)
-    big_l = gl.zeros([NQ], gl.float32, COL_S)
+    big_l = gl.zeros([NQ], gl.float32, COL_S) + l0
     big_a = gl.zeros([D, NQ], gl.float32, MMA)
     for t in range(n_tiles):
         start = t_lo + t * BLOCK_N
@@ -253,7 +273,7 @@ def decode_sm90_swap(
         _issue_kv(k_ring.index((t + NS - 1) % NS), v_ring.index((t + NS - 1) % NS), kc_h,
                   vc_h, ids_nx, nx, t_hi, sb_k, sb_v, stride_kt, stride_vt, k_tok, v_tok, r,
                   dcol, PAGE, BLOCK_N)
-        ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N)
+        ids_nx = _ids(bt_row, nx + BLOCK_N, t_hi, r, PAGE, BLOCK_N, NBLK, GUARD)
         _landed(NS - 1)  # tile t
 
         # S^T [BLOCK_N, NQ] = K_t Q^T
@@ -273,4 +293,5 @@ def decode_sm90_swap(
     async_copy.wait_group(0)  # no copy outlives the program
 
     _epilogue_t(out_ptr, lse_ptr, s, h, n_parts, m_i, l_i, o, big_m, big_l, big_a, Hq, LQ,
-                stride_ob, stride_ot, stride_oh, G, R, ONE_PASS, RETURN_LSE, MMA, BAL, whole)
+                stride_ob, stride_ot, stride_oh, G, R, ONE_PASS, RETURN_LSE, MMA, BAL, whole,
+                err_ptr, HAS_ERR)

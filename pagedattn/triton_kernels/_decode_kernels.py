@@ -10,6 +10,8 @@ from pagedattn.triton_kernels._common import (alibi_bias, finalize_state, first_
 from pagedattn.triton_kernels._decode_state import (balanced_share, batch_lens, merge as _merge,
                                                     park as _park, park_neutral, valid_len)
 
+SCAN = tl.constexpr(128)  # table entries a guarded program judges per load (_bad_ids)
+
 try:  # grid dependency control (programmatic dependent launch), NVIDIA sm_90+
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # older triton: PDL stays off (decode._pdl), the names are never traced
@@ -21,13 +23,39 @@ def _tile_block_ids(bt_row_ptr, start, hi, offs_n, BS: tl.constexpr, ONE_BLOCK: 
     """int64 block ids of the KV tile starting at ``start``: a scalar when the tile lies inside
     one block, else [BLOCK_N, 1]. Masked to keys < hi (seq_len, or the table's width for the
     first tile): never reads past the table row. Ids read from the slack past seq_len may hold
-    anything; they only address K/V lanes that are masked off."""
+    anything; they only address K/V lanes that are masked off. A guarded program checks every
+    id it will use before its tile loop (:func:`_bad_ids`) and runs no tile when one is bad."""
     if ONE_BLOCK:
-        blk = tl.load(bt_row_ptr + start // BS, mask=start < hi, other=0).to(tl.int64)
+        blk = tl.load(bt_row_ptr + start // BS, mask=start < hi, other=0)
     else:
         j = start + offs_n
-        blk = tl.load(bt_row_ptr + j // BS, mask=j < hi, other=0).to(tl.int64)[:, None]
-    return blk
+        blk = tl.load(bt_row_ptr + j // BS, mask=j < hi, other=0)
+    if ONE_BLOCK:
+        return blk.to(tl.int64)
+    else:
+        return blk.to(tl.int64)[:, None]
+
+
+@triton.jit
+def _ids_bad(bt_row_ptr, pg, pg_hi, nblk):
+    """int1 per table entry pg (page indices; entries at or past pg_hi are not read): the id is
+    outside [0, nblk)."""
+    ids = tl.load(bt_row_ptr + pg, mask=pg < pg_hi, other=0)
+    return (ids.to(tl.uint32) >= nblk.to(tl.uint32)) & (pg < pg_hi)
+
+
+@triton.jit
+def _bad_ids(bt_row_ptr, pg_lo, pg_hi, nblk, SCAN: tl.constexpr):
+    """Whether any table entry in [pg_lo, pg_hi) (the pages of the keys a program reads) holds an
+    id outside [0, nblk), SCAN entries a load (scalar int1). Run before the tile loop, beside
+    the first tile's id load: a program with a bad id runs no tile, so no K/V address is ever
+    formed from one, and the loop carries no check (the fp8 loop holds 255 registers: any
+    per-tile flag spills there)."""
+    bad = pg_lo < 0
+    for pg0 in range(pg_lo, pg_hi, SCAN):
+        pg = pg0 + tl.arange(0, SCAN)
+        bad = bad | (tl.max(_ids_bad(bt_row_ptr, pg, pg_hi, nblk).to(tl.int32)) > 0)
+    return bad
 
 
 @triton.jit
@@ -50,8 +78,8 @@ def _fp16_q(q):
 
 
 @triton.jit
-def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
-            cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, nblk,
+def _attend(q, t_lo, t_hi, blk_n, l0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
+            qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
             stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
             stride_kdh: tl.int64, stride_kdl: tl.int64,
             stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
@@ -62,13 +90,12 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
             PART: tl.constexpr, ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
             PARK: tl.constexpr, R: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
             HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-            IEEE: tl.constexpr, LAZY_L: tl.constexpr, GUARD: tl.constexpr):
+            IEEE: tl.constexpr, LAZY_L: tl.constexpr):
     """Online softmax of the group rows over keys [t_lo, t_hi), one tile of STEP keys at a time.
-
-    GUARD: every block id a tile uses is checked against [0, nblk) on the keys it serves (ids
-    read from the table's slack past t_hi are never judged); a bad id reads block 0 instead and
-    marks the state bad: a parked partition is stored as NaN, and the returned flag (int1)
-    tells the caller to write NaN rows. Returns (m, l, acc, bad).
+    A guarded caller checked every block id of [t_lo, t_hi) first (:func:`_bad_ids`); when one
+    is outside the cache (or the length is invalid) it passes an empty range and l0 = NaN (the
+    state's starting l, else 0): the returned state is then poisoned, and finalize_state and
+    the combine turn it into NaN rows.
 
     t_lo is a multiple of STEP, and STEP divides PART, so no tile straddles a partition. Split
     launch: [t_lo, t_hi) is one partition; returns its state (m, l, acc). One-pass launch: the
@@ -84,19 +111,13 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
     at a partition's end: the tiles then cross warps once (the row max), not twice.
     """
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    l_v = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32) + l0
+    l_v = tl.zeros((BLOCK_M, BLOCK_N), tl.float32) + l0
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     big_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    big_l = tl.zeros((BLOCK_M,), tl.float32)
+    big_l = tl.zeros((BLOCK_M,), tl.float32) + l0
     big_a = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
-    if GUARD:  # ONE_BLOCK: a scalar flag; else one per key lane, reduced once at the end
-        bad_s = t_hi < 0
-        bad_v = tl.zeros((BLOCK_N, 1), tl.int1)
-        bad = bad_s
-    else:
-        bad = False
     # NOTE the block ids of tile t+1 are loaded in iteration t: when the K/V addresses of a tile
     # depend on an id loaded in the same iteration, the pipeliner drains every copy at the top
     # of the loop (async_wait num=0 in the sm_90 TTGIR) and each tile pays the full latency.
@@ -107,13 +128,6 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
             j_ok = j_ok & (offs_n < STEP)
         tok = (j % BS).to(tl.int64)  # [BLOCK_N]
         kv_mask = j_ok[:, None] & d_mask[None, :]  # [BLOCK_N, BLOCK_D]
-        if GUARD:  # ids outside the cache read block 0 and poison the state
-            blk_ok = (blk_n >= 0) & (blk_n < nblk)
-            if ONE_BLOCK:
-                bad_s = bad_s | ((blk_ok == 0) & (start < t_hi))
-            else:
-                bad_v = bad_v | ((blk_ok == 0) & j_ok[:, None])
-            blk_n = tl.where(blk_ok, blk_n, 0)
         k_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_kb, stride_kt,
                           stride_kh, stride_kdh, stride_kdl, K_X, K_SPLIT, K_LO_ONE)
         k = tl.load(k_ptr + k_off, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
@@ -158,51 +172,38 @@ def _attend(q, t_lo, t_hi, blk_n, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, 
                     l_i = tl.sum(l_v, 1)
                 if ONE_PASS:
                     big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_i, l_i, acc)
-                elif GUARD:  # this partition's flag; the next starts clean
-                    if not ONE_BLOCK:
-                        bad_s = bad_s | (tl.max(bad_v.to(tl.int32)) > 0)
-                        bad_v = tl.zeros((BLOCK_N, 1), tl.int1)
-                    bad = bad | bad_s
-                    _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R + rows, row_ok,
-                          m_i, l_i, acc, d, d_mask, D, bad_s)
-                    bad_s = t_hi < 0
                 else:
                     _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R + rows, row_ok,
-                          m_i, l_i, acc, d, d_mask, D, False)
+                          m_i, l_i, acc, d, d_mask, D)
                 m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
                 l_i = tl.zeros((BLOCK_M,), tl.float32)
                 l_v = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
                 acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    if GUARD:
-        if not ONE_BLOCK:
-            bad_s = bad_s | (tl.max(bad_v.to(tl.int32)) > 0)
-        bad = bad | bad_s
     if ONE_PASS:
-        return big_m, big_l, big_a, bad
+        return big_m, big_l, big_a
     else:
         if LAZY_L:
             l_i = tl.sum(l_v, 1)
-        return m_i, l_i, acc, bad
+        return m_i, l_i, acc
 
 
 @triton.jit
 def _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, d, row_ok, lse_ok, d_mask, v_scale,
-                bad, n_rows, Hq, LQ, stride_ob: tl.int64, stride_ot: tl.int64,
-                stride_oh: tl.int64, RETURN_LSE: tl.constexpr, HAS_ERR: tl.constexpr):
+                Hq, LQ, stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
+                RETURN_LSE: tl.constexpr, HAS_ERR: tl.constexpr):
     """out[s, qi, qh, :] = o * v_scale; lse[s, qi, qh] = natural log (contiguous [B, LQ, Hq]).
-    bad (int1): the rows' metadata is invalid: out and lse are NaN, and n_rows join the error
-    count (err_ptr, HAS_ERR)."""
-    o = tl.where(bad, float("nan"), o * v_scale)
-    lse2 = tl.where(bad, float("nan"), lse2)
+    HAS_ERR: the rows lse_ok selects whose lse2 is NaN (poisoned by the guards) join the error
+    count at err_ptr."""
     o_off = s * stride_ob + qi[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :]
-    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty),
+    tl.store(out_ptr + o_off, (o * v_scale).to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None] & d_mask[None, :])
     if RETURN_LSE:
         l_off = (s * LQ + qi) * Hq + qh
         tl.store(lse_ptr + l_off, lse2 * 0.6931471805599453, mask=lse_ok)
     if HAS_ERR:
-        if bad:
-            tl.atomic_add(err_ptr, n_rows)
+        n_bad = tl.sum(((lse2 != lse2) & lse_ok).to(tl.int32))
+        if n_bad > 0:
+            tl.atomic_add(err_ptr, n_bad)
 
 
 @triton.jit
@@ -237,9 +238,10 @@ def _decode_kernel(
         HAS_ERR: tl.constexpr):
     # Preconditions (launcher): BT_W * BS and NBLK * the block stride fit their types; q, out,
     # caches and workspace hold the shapes above. GUARD: the device metadata is not trusted: a
-    # length outside {0} u [LQ, BT_W * BS] runs as 0 and a block id outside [0, NBLK) reads block
-    # 0; either makes the sequence's rows NaN (out and lse), counted in err_ptr. Nothing outside
-    # the given tensors is read or written whatever the metadata holds.
+    # length outside {0} u [LQ, BT_W * BS] runs as 0, and a program whose keys' block ids are
+    # not all in [0, NBLK) reads no tile; either makes the sequence's rows NaN (out and lse),
+    # counted in err_ptr. Nothing outside the given tensors is read or written whatever the
+    # metadata holds.
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
     # balanced (BAL): (Hkv, B + decode._balance_extra, 1): program y < B runs sequence y's first
@@ -340,38 +342,54 @@ def _decode_kernel(
                                    ONE_BLOCK)
     else:
         blk0 = _tile_block_ids(bt_row_ptr, t_lo, BT_W * BS, tl.arange(0, BLOCK_N), BS, ONE_BLOCK)
+    l0 = 0.0
+    if GUARD:  # every id this program will read, checked beside the first tile's id load
+        bad = bad_len | _bad_ids(bt_row_ptr, t_lo // BS, (t_hi + BS - 1) // BS, NBLK, SCAN)
+        t_hi = tl.where(bad, t_lo, t_hi)  # a bad id: no tile at all
+        l0 = tl.where(bad, float("nan"), 0.0)  # and a poisoned state
+
     if p < n_parts:  # split: programs past the sequence's last partition have nothing to do
         if BAL:  # one loop per kind of program, each with its launch shape's registers
             if whole:  # the one-pass loop
-                m, l, acc, bad = _attend(
-                    q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
-                    qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
-                    NBLK, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
-                    stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
+                m, l, acc = _attend(
+                    q, t_lo, t_hi, blk0, l0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
+                    qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok,
+                    n_parts, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
+                    stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
                     V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, True, False,
-                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L, GUARD)
+                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L)
             else:  # a share: the split loop, parking every partition (n_parts > 1 here)
-                m, l, acc, bad = _attend(
-                    q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
-                    qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
-                    NBLK, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb,
-                    stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
+                m, l, acc = _attend(
+                    q, t_lo, t_hi, blk0, l0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
+                    qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok,
+                    n_parts, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
+                    stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
                     V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, False, True,
-                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L, GUARD)
+                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L)
         else:
-            m, l, acc, bad = _attend(
-                q, t_lo, t_hi, blk0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr, qk_scale,
-                cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts, NBLK, stride_kb,
-                stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt, stride_vh,
+            m, l, acc = _attend(
+                q, t_lo, t_hi, blk0, l0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
+                qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
+                stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt,
+                stride_vh,
                 stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N,
                 BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP,
-                HAS_ALIBI, IEEE, LAZY_L, GUARD)
+                HAS_ALIBI, IEEE, LAZY_L)
+        if GUARD:
+            if MULTI or BAL:  # partitions the loop would have parked: l is NaN
+                n_mine = PPP
+                if BAL:
+                    n_mine = tl.where(whole, 0, pp)
+                if tl.max((l != l).to(tl.int32)) > 0:  # poisoned: no tile ran
+                    for pe in range(p, tl.minimum(p + n_mine, n_parts)):
+                        tl.store(ws_ml_ptr + 2 * (ws_row0 + pe * R + rows) + 1, float("nan"),
+                                 mask=row_ok)
         if BAL:
             if whole:
                 o, lse2 = finalize_state(m, l, acc, sink, HAS_SINK)
                 _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok,
-                            d_mask, v_scale, bad_len | bad, R, Hq, LQ, stride_ob, stride_ot,
-                            stride_oh, RETURN_LSE, HAS_ERR)
+                            d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE,
+                            HAS_ERR)
         elif ONE_PASS or n_parts == 1:
             if not ONE_PASS:  # the state one-pass would hold: one merge into the empty state
                 m, l, acc = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32),
@@ -379,8 +397,6 @@ def _decode_kernel(
                                    tl.zeros((BLOCK_M, BLOCK_D), tl.float32), m, l, acc)
             o, lse2 = finalize_state(m, l, acc, sink, HAS_SINK)
             _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok, d_mask,
-                        v_scale, bad_len | bad, R, Hq, LQ, stride_ob, stride_ot, stride_oh,
-                        RETURN_LSE, HAS_ERR)
+                        v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE, HAS_ERR)
         elif not MULTI:  # park (m_p, l_p, acc_p) for the combine (MULTI parked in the loop)
-            _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, d, d_mask, D,
-                  bad)
+            _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, d, d_mask, D)

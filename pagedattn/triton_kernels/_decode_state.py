@@ -38,12 +38,9 @@ def merge(big_m, big_l, big_a, m_p, l_p, acc_p):
 
 
 @triton.jit
-def park(ws_ml_ptr, ws_o_ptr, row, row_ok, m, l, acc, d, d_mask, D: tl.constexpr, bad=False):
-    """Store one partition's state (m_p, l_p, acc_p) at workspace rows ``row`` for the combine;
-    ``bad`` (int1): the partition read an invalid block id: l_p and acc_p are parked as NaN,
-    which the combine turns into NaN rows."""
-    l = tl.where(bad, float("nan"), l)
-    acc = tl.where(bad, float("nan"), acc)
+def park(ws_ml_ptr, ws_o_ptr, row, row_ok, m, l, acc, d, d_mask, D: tl.constexpr):
+    """Store one partition's state (m_p, l_p, acc_p) at workspace rows ``row`` for the combine
+    (l_p NaN: poisoned by the guards; the combine writes NaN rows)."""
     tl.store(ws_ml_ptr + 2 * row, m, mask=row_ok)
     tl.store(ws_ml_ptr + 2 * row + 1, l, mask=row_ok)
     tl.store(ws_o_ptr + row[:, None] * D + d[None, :], acc,

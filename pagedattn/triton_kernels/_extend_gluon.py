@@ -107,13 +107,34 @@ def _copy_rows(stride_kt, stride_vt, D: gl.constexpr, PAGE: gl.constexpr,
 
 
 @gluon.jit
-def _ids(bt_row, start, hi, r, PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
+def _ids(bt_row, start, hi, r, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, nblk=0,
+         GUARD: gl.constexpr = False):
     """Block ids of the tile at ``start`` (a multiple of BLOCK_N; 0 past hi: never loaded): an
-    int32 [N] per key row when pages are smaller than the tile, else one scalar."""
+    int32 [N] per key row when pages are smaller than the tile, else one scalar. GUARD: an id
+    outside [0, nblk) is replaced by one inside (one unsigned min), so no copy leaves the cache;
+    the program learns of it from a scan of its table row and poisons its rows."""
     if PAGE < BLOCK_N:
-        return gl.load(bt_row + (start // PAGE + r // PAGE), mask=start + r < hi, other=0)
+        ids = gl.load(bt_row + (start // PAGE + r // PAGE), mask=start + r < hi, other=0)
     else:
-        return gl.load(bt_row + start // PAGE, mask=start < hi, other=0)
+        ids = gl.load(bt_row + start // PAGE, mask=start < hi, other=0)
+    if GUARD:
+        ids = gl.minimum(ids.to(gl.uint32), (nblk - 1).to(gl.uint32)).to(gl.int32)
+    return ids
+
+
+@gluon.jit
+def _bad_ids(bt_row, pg_lo, pg_hi, nblk, num_warps: gl.constexpr):
+    """Whether any table entry in [pg_lo, pg_hi) (the pages of the keys a program reads) holds an
+    id outside [0, nblk) (a scalar int1), 32 x num_warps entries a load."""
+    SCAN: gl.constexpr = 32 * num_warps
+    SL: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    bad = pg_lo < 0
+    for pg0 in range(pg_lo, pg_hi, SCAN):
+        pg = pg0 + gl.arange(0, SCAN, layout=SL)
+        ids = gl.load(bt_row + pg, mask=pg < pg_hi, other=0)
+        flag = (ids.to(gl.uint32) >= nblk.to(gl.uint32)) & (pg < pg_hi)
+        bad = bad | (gl.max(flag.to(gl.int32), 0) > 0)
+    return bad
 
 
 @gluon.jit
