@@ -23,9 +23,9 @@ def _compile_offline(target, loop="twostage", new_from_cache=True):
                CAUSAL=True,
                NEW_FROM_CACHE=new_from_cache, HAS_MASK=False, HAS_WINDOW=False, HAS_CAP=False,
                HAS_ALIBI=False, HAS_SINKS=False, KV_FP8=False, RETURN_LSE=True, IEEE=False,
-               ONE_LOOP=loop == "onepass")
+               ONE_LOOP=loop == "onepass", GUARD=True, HAS_ERR=True)
     ptr = {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32", "mask_ptr": "*u8",
-           "mask_indptr_ptr": "*i32", "lse_ptr": "*fp32", "kscale_ptr": "*fp32",
+           "mask_indptr_ptr": "*i32", "lse_ptr": "*fp32", "kscale_ptr": "*fp32", "err_ptr": "*i32",
            "vscale_ptr": "*fp32", "alibi_ptr": "*fp32", "sinks_ptr": "*fp32"}
     names = _extend_fwd.arg_names
 
@@ -98,9 +98,9 @@ def _compile_gluon_offline(head_dim, causal):
     warps = G.NUM_WARPS // 2
     cst = dict(GROUP=4, GROUP_P=4, HEAD_DIM=head_dim, PAGE=16, BLOCK_M=G.BLOCK_M,
                BLOCK_N=G.BLOCK_N, CAUSAL=causal, RETURN_LSE=True, num_warps=warps,
-               P_REGS=G.P_REGS, C_REGS=G.C_REGS)
+               P_REGS=G.P_REGS, C_REGS=G.C_REGS, GUARD=True, HAS_ERR=True)
     ck = compile_sm90(k, cst, {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32",
-                               "lse_ptr": "*fp32"}, warps)
+                               "lse_ptr": "*fp32", "err_ptr": "*i32"}, warps)
     assert "wgmma.mma_async" in ck.asm["ptx"]
     assert "isAsync = true" in ck.asm["ttgir"], "the loop's wgmmas must be asynchronous"
     assert "async_copy_global_to_local" in ck.asm["ttgir"]

@@ -25,7 +25,6 @@ import argparse
 import random
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd

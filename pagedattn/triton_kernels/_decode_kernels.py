@@ -26,22 +26,19 @@ def _tile_block_ids(bt_row_ptr, start, hi, offs_n, BS: tl.constexpr, ONE_BLOCK: 
     anything; they only address K/V lanes that are masked off. A guarded program checks every
     id it will use before its tile loop (:func:`_bad_ids`) and runs no tile when one is bad."""
     if ONE_BLOCK:
-        blk = tl.load(bt_row_ptr + start // BS, mask=start < hi, other=0)
+        blk = tl.load(bt_row_ptr + start // BS, mask=start < hi, other=0).to(tl.int64)
     else:
         j = start + offs_n
-        blk = tl.load(bt_row_ptr + j // BS, mask=j < hi, other=0)
-    if ONE_BLOCK:
-        return blk.to(tl.int64)
-    else:
-        return blk.to(tl.int64)[:, None]
+        blk = tl.load(bt_row_ptr + j // BS, mask=j < hi, other=0).to(tl.int64)[:, None]
+    return blk
 
 
 @triton.jit
 def _ids_bad(bt_row_ptr, pg, pg_hi, nblk):
     """int1 per table entry pg (page indices; entries at or past pg_hi are not read): the id is
     outside [0, nblk)."""
-    ids = tl.load(bt_row_ptr + pg, mask=pg < pg_hi, other=0)
-    return (ids.to(tl.uint32) >= nblk.to(tl.uint32)) & (pg < pg_hi)
+    ids = tl.load(bt_row_ptr + pg, mask=pg < pg_hi, other=0).to(tl.int64)
+    return ((ids < 0) | (ids >= nblk)) & (pg < pg_hi)
 
 
 @triton.jit

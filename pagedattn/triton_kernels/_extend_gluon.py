@@ -28,6 +28,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy
 
+from pagedattn import config
 from pagedattn._triton import interpreter_enabled
 from pagedattn.triton_kernels._common import LN2, LOG2E
 
@@ -78,14 +79,18 @@ def launch(call, ks, vs, group: int, group_p: int, max_q: int, lse):
     grid = (triton.cdiv(max_q, BLOCK_M // group_p), g.num_kv_heads, call.num_seqs)
     # the warp-specialized kernel imports this module's helpers: loaded here, not at the top
     from pagedattn.triton_kernels._extend_gluon_ws import extend_fwd_sm90_ws
+    err = call.errors
     extend_fwd_sm90_ws[grid](
         q, call.k_cache, call.v_cache, call.out, lse, call.block_table, call.cu_seqlens_q,
-        call.seq_lens, float(call.opts.scale) * LOG2E, q.stride(0), q.stride(1),
+        call.seq_lens, err if err is not None else call.seq_lens,
+        float(call.opts.scale) * LOG2E, q.shape[0], call.block_table.shape[1], g.num_blocks,
+        q.stride(0), q.stride(1),
         call.out.stride(0), call.out.stride(1), lse.stride(0) if ret else 0,
         lse.stride(1) if ret else 0, call.block_table.stride(0), ks.block, ks.token, ks.head,
         vs.block, vs.token, vs.head, GROUP=group, GROUP_P=group_p, HEAD_DIM=g.head_dim,
         PAGE=g.block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(call.causal),
-        RETURN_LSE=ret, P_REGS=P_REGS, C_REGS=C_REGS, num_warps=NUM_WARPS // 2)
+        RETURN_LSE=ret, P_REGS=P_REGS, C_REGS=C_REGS, GUARD=config.get("PAGEDATTN_DEV_GUARDS"),
+        HAS_ERR=err is not None, num_warps=NUM_WARPS // 2)
 
 
 @gluon.jit

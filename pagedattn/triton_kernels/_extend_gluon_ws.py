@@ -9,6 +9,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy,
 
 from pagedattn.triton_kernels._extend_gluon import (_epilogue, _head_bases, _ids, _issue,
                                                     _key_range, _load_q, _program, _softmax)
+from pagedattn.triton_kernels._extend_gluon_guard import nan_rows, request_ok
 
 
 @gluon.jit
@@ -130,13 +131,15 @@ def _ws_consumer(out_ptr, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_full, k_empt
 
 @gluon.jit
 def extend_fwd_sm90_ws(
-    q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, bt_ptr, cu_ptr, lens_ptr, qk_scale,
+    q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, bt_ptr, cu_ptr, lens_ptr,
+    err_ptr,  # int32 [1]: guarded rows are counted here (HAS_ERR), else any pointer
+    qk_scale, T, BT_W, NBLK,  # q's rows, the block table's width, blocks in the cache (GUARD)
     stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_lh, stride_bt,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     GROUP: gl.constexpr, GROUP_P: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
     RETURN_LSE: gl.constexpr, P_REGS: gl.constexpr, C_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
+    GUARD: gl.constexpr, HAS_ERR: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Grid (query blocks last-first, KV head, request). One producer warpgroup (4 warps,
     P_REGS registers per thread) and two 4-warp consumers of 64 rows each (num_warps 4; the
@@ -150,10 +153,17 @@ def extend_fwd_sm90_ws(
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
 
     b, kvh, tok0, q0, lq, lk = _program(cu_ptr, lens_ptr, BLOCK_Q)
+    bt_row = bt_ptr + b.to(gl.int64) * stride_bt
+    if GUARD:  # an invalid request: NaN rows (its first query block's program), no key loop
+        if request_ok(cu_ptr, q0, lq, lk, bt_row, BT_W * PAGE, NBLK, T, num_warps, BLOCK_Q,
+                      PAGE) == 0:
+            if tok0 == 0:
+                nan_rows(out_ptr, lse_ptr, err_ptr, q0, lq, T, kvh, stride_ot, stride_oh,
+                         stride_lt, stride_lh, GROUP, HEAD_DIM, RETURN_LSE, HAS_ERR, num_warps)
+            return
     if tok0 >= lq:
         return
     prefix, hi, full, n_tiles = _key_range(tok0, lq, lk, CAUSAL, BLOCK_Q, BLOCK_N)
-    bt_row = bt_ptr + b.to(gl.int64) * stride_bt
     kc_h, vc_h, sb_k, sb_v = _head_bases(kc_ptr, vc_ptr, kvh, stride_kh, stride_vh, stride_kb,
                                          stride_vb)
 
