@@ -10,13 +10,11 @@ Anything else is reported by :func:`supports` as a reason, so dispatch falls bac
 built on first use (:mod:`pagedattn.hip_kernels.build`).
 """
 import functools
-import os
 from typing import List, Optional
 
 import torch
 
 from pagedattn import layouts as L
-from pagedattn.dispatch import core as _dispatch
 
 LAYOUT_CODES = {"bhsd": 0, "bshd": 1, "hcu": 3}
 DECODE_LAYOUTS = ("bhsd", "bshd", "hcu")
@@ -111,8 +109,9 @@ def supports(op: str, **facts) -> List[str]:
 
 
 def default_partition_size(group: int, requested: Optional[int]) -> int:
-    """512, or 256 when the GQA group exceeds 15 (reference §5.2.5); a requested size (call or
-    PAGEDATTN_PARTITION_SIZE, already folded into the call) is rounded up to a multiple of 64."""
+    """512, or 256 when the GQA group exceeds 15; a requested size (call or
+    PAGEDATTN_PARTITION_SIZE, already folded into the call) is rounded up to a multiple of 64.
+    Split points depend on the sequence only, never on the batch."""
     p = requested if requested else (256 if group > 15 else 512)
     return max(T_TILE, -(-p // T_TILE) * T_TILE)
 
@@ -125,47 +124,30 @@ def _ops():
 _MODES = {"auto": -1, "split": 0, "one_pass": 1}
 
 
-def launch_shape(mode=None, parts_per_block=None):
-    """(mode code, partitions per block) for the decode op: the arguments, else
-    PAGEDATTN_HIP_DECODE_MODE (auto | split | one_pass) and PAGEDATTN_HIP_DECODE_PPP (auto | N).
-
-    auto: one pass when the (head group, sequence) blocks fill the GPU three times over, else
-    split with as few partitions per block as keep one wave (NVIDIA column-split kernel; the other
-    kernels split one partition per block). Every shape gives the same bits (tested)."""
-    mode = mode or os.environ.get("PAGEDATTN_HIP_DECODE_MODE") or "auto"
-    if mode not in _MODES:
-        raise ValueError(f"HIP decode mode: expected one of {sorted(_MODES)}, got {mode!r}")
-    ppp = _dispatch.count_or_auto(
-        parts_per_block or os.environ.get("PAGEDATTN_HIP_DECODE_PPP") or "auto",
-        "HIP decode partitions per block (parts_per_block / PAGEDATTN_HIP_DECODE_PPP)")
-    return _MODES[mode], ppp
-
-
-# scripts/decode_timeline.py --backend hip: an int64 CUDA tensor here (STAMPS per block) receives
-# the column-split decode's per-block stamps in a PAGEDATTN_HIP_TIMELINE=1 build; None: no stamps
-TIMELINE = None
-STAMPS = 8  # decode_cs.cuh's cs_stamp layout (the Gluon and Triton kernels' too)
-
-
 def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd", scale=None,
-               k_scale=None, v_scale=None, partition_size=None, lse=None,
-               q_head_grid=False, mode=None, parts_per_block=None) -> None:
+               k_scale=None, v_scale=None, partition_size=None, lse=None, mode="auto",
+               parts_per_block=None) -> None:
     """Launch the decode kernel directly (no validation beyond the C++ host checks).
 
-    q_head_grid=True selects the upstream v1/v2 grid (one program per query head, each re-reading
-    its KV head) instead of the KV-head grid, for the §5.2.3 comparison in bench/bench_hip.py.
-    mode / parts_per_block: the launch shape (:func:`launch_shape`; outputs do not depend on it).
+    mode (``auto`` | ``split`` | ``one_pass``) and parts_per_block (None: auto) force the
+    column-split decode's launch shape, for tests: every shape gives the same bits. ``auto``:
+    one pass when the (head group, sequence) blocks fill the GPU three times over, else split
+    with as few partitions per block as keep one wave (attn_kernel always splits one partition
+    per block).
     """
+    if mode not in _MODES:
+        raise ValueError(f"mode: expected one of {sorted(_MODES)}, got {mode!r}")
+    if parts_per_block is not None and (not isinstance(parts_per_block, int) or
+                                        parts_per_block < 1):
+        raise ValueError(f"parts_per_block: expected None or a positive int, got "
+                         f"{parts_per_block!r}")
     g = L.cache_geometry(k_cache, layout)
     group = q.shape[1] // g.num_kv_heads
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    # the issue's rule (512; 256 when the group exceeds 15) or the caller's size: split points
-    # depend on the sequence only, never on the batch
     part = default_partition_size(group, partition_size)
-    code, ppp = launch_shape(mode, parts_per_block)
     _ops().paged_decode(q, k_cache, v_cache, block_table, seq_lens, out, lse, k_scale, v_scale,
-                        LAYOUT_CODES[layout], float(scale), part, int(q_head_grid), code, ppp,
-                        TIMELINE)
+                        LAYOUT_CODES[layout], float(scale), part, _MODES[mode],
+                        parts_per_block or 0)
 
 
 def paged_decode(call):
@@ -173,11 +155,9 @@ def paged_decode(call):
     q = call.q
     lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
            if call.return_lse else None)
-    q_grid = os.environ.get("PAGEDATTN_HIP_GRID", "kv") == "q"
     decode_raw(q, call.k_cache, call.v_cache, call.block_table, call.seq_lens, call.out,
                layout=call.layout, scale=call.opts.scale, k_scale=call.opts.k_scale,
-               v_scale=call.opts.v_scale, partition_size=call.partition_size, lse=lse,
-               q_head_grid=q_grid)
+               v_scale=call.opts.v_scale, partition_size=call.partition_size, lse=lse)
     return lse
 
 

@@ -1,29 +1,25 @@
 // attn_kernel.cuh: paged attention over a KV-tile pipeline shared by decode and prefix prefill.
 //
 // One block = 4 waves and 16 * HEAD_TILES "rows". Decode: rows are the query heads of one KV
-// head's group (the KV-head grid of reference §5.2.3: every KV tile is read from memory once and
-// used by all heads of the group); extend: rows are 64 consecutive queries of one head.
+// head's group (the KV-head grid: every KV tile is read from memory once and used by all heads
+// of the group); extend: rows are 64 consecutive queries of one head.
 // Wave w owns row tile w % HEAD_TILES and the token slice w / HEAD_TILES of every KV tile; the
 // token slices are merged through LDS at the end.
 //
-// Per KV tile of T = 64 tokens:
+// Per KV tile of T = 64 tokens (register path: AMD/Hygon, fp8 caches, extend):
 //   Phase 1: regs -> LDS. K as [T][D] rows, V transposed to [D][T] (MMAC: kperm'd columns),
 //            both converted to the query's 16-bit type (fp8 dequantised to exact values).
 //   Phase 2: prefetch the next tile global -> regs (16-byte loads from per-page bases advanced by
-//            k_delta / v_delta, reference §5.3.3), overlapping phases 3-4.
+//            k_delta / v_delta: pk_kvload.h), overlapping phases 3-4.
 //   Phase 3: S = Q K^T (Q in registers), mask, online softmax in the exp2 domain.
 //   Phase 4: O += P V with P converted in registers (acc_to_frag).
 // Then: merge token slices, normalise, write out/lse (one partition) or the split-KV partials.
 //
-// NVIDIA decode with a 16-bit cache and a group of <= 16 heads runs decode_cs_kernel
-// (decode_cs.cuh, PK_DECODE_COLSPLIT=1, the default). Larger groups (and every group with
-// PK_DECODE_COLSPLIT=0) run this kernel, whose NVIDIA 16-bit decode (PK_DECODE_PIPELINE=1, the
-// default) replaces phases 1-2 with a kStages-deep cp.async pipeline straight into dynamic shared
-// memory (no register staging):
+// NVIDIA decode with a 16-bit cache: groups of <= 16 heads run decode_cs_kernel
+// (decode_cs.cuh); larger groups run this kernel with phases 1-2 replaced by a kStages-deep
+// cp.async pipeline straight into dynamic shared memory (no register staging):
 //   tile i+kStages-1 is in flight while tile i is consumed; K as [T][D], V as [T][D] (hcu: its
-//   cache layout [D][T]) with padded rows; fragments are read with ldmatrix (.trans for V [T][D]).
-// fp8 caches, extend, and AMD/Hygon keep the register path. PK_DECODE_PIPELINE=0 restores it
-// everywhere (build.py: PAGEDATTN_HIP_DECODE_PIPELINE=0).
+//   cache layout [D][T]); fragments are read with ldmatrix (.trans for V [T][D]).
 //
 // Torch-free: compiled by the JIT build and, standalone, by csrc/compile_check.
 #pragma once
@@ -33,24 +29,13 @@
 #include "pk_mma.h"
 #include "pk_pipe.h"
 
-#ifndef PK_DECODE_PIPELINE
-#define PK_DECODE_PIPELINE 1
-#endif
+// Pipeline depth of the NVIDIA decode above. build.py passes -DPK_DECODE_STAGES=2 for archs
+// other than sm_90/sm_100/sm_103: 3 stages take 104 KB of shared memory per block at D 128
+// (2 blocks per SM on those), 2 stages 70 KB, within the 99 KB per-block limit of sm_86/89/120.
 #ifndef PK_DECODE_STAGES
-#define PK_DECODE_STAGES 3  // 3 x 34 KB per block (D 128): 2 blocks and ~128 KB in flight per SM
+#define PK_DECODE_STAGES 3
 #endif
-#ifndef PK_DECODE_SMALL_TILE
-#define PK_DECODE_SMALL_TILE 0
-#endif
-// 1 (default): the pipeline's K (and non-hcu V) tiles use swizzled unpadded rows (pk_pipe.h
-// tile_off), as the column-split decode does; 0: padded rows (pitch D + 8), whose 128-byte
-// copies straddle two shared-memory blocks and split their L2 requests. H200 session 8
-// (bench/results/2026-12-01-h200-s8/ab_psw_*.md): 1-4 % faster on every 64/1 and 48/2 row at
-// D 128.
-#ifndef PK_DECODE_SWIZZLE
-#define PK_DECODE_SWIZZLE 1
-#endif
-#if defined(PK_CUDA) && PK_DECODE_PIPELINE
+#if defined(PK_CUDA)
 #define PK_PIPE_ENABLED 1
 #else
 #define PK_PIPE_ENABLED 0
@@ -71,19 +56,19 @@ struct AttnCfg {
 
   // Pipelined path (NVIDIA decode, 16-bit cache), see below.
   static constexpr bool kPipe = PK_PIPE_ENABLED && MODE_ == Mode::kDecode && KVT_::kBytes == 2;
-  // One row tile (<= 16 heads) with PK_DECODE_SMALL_TILE: 2 waves on 32-token tiles, so that
-  // twice as many (half as large) blocks share an SM.
-  static constexpr bool kSmall = kPipe && PK_DECODE_SMALL_TILE && HEAD_TILES_ == 1;
-  static constexpr int kWaves = kSmall ? 2 : 4;
+  static constexpr int kWaves = 4;
   static constexpr int kThreads = kWaves * kWave;
-  static constexpr int T = kSmall ? 32 : 64;              // tokens per KV tile (divides 64)
+  static constexpr int T = 64;                            // tokens per KV tile
   static constexpr int kTokSplit = kWaves / kHeadTiles;   // waves sharing one row tile
   static constexpr int kTokTiles = T / 16 / kTokSplit;    // 16-token tiles per wave per KV tile
   static constexpr int kDTiles = D / 16;
   static constexpr int kEpv = 16 / KVT::kBytes;           // cache elements per 16-byte load
   static constexpr int kUnits = T * D / kEpv / kThreads;  // 16-byte loads per thread (K, and V)
-  // PK_DECODE_SWIZZLE above; D 64 keeps padded rows (swizzled, its 2-row-tile form spilled)
-  static constexpr bool kSwz = kPipe && PK_DECODE_SWIZZLE && D >= 128;
+  // The pipeline's K (and non-hcu V) tiles: at D 128 unpadded rows with XOR-swizzled 16-byte
+  // chunks (pk_pipe.h tile_off), so that each 128-byte line a cp.async fetches lands in one
+  // aligned 128-byte block of shared memory; padded rows (pitch D + 8) straddle two blocks and
+  // split their L2 requests. D 64 keeps padded rows: swizzled, its 2-row-tile form spilled.
+  static constexpr bool kSwz = kPipe && D >= 128;
   static constexpr int kKStride = kSwz ? D : D + 8;       // LDS row pitch (16-bit elements)
   static constexpr int kVStride = T + 8;
   static constexpr int kMaxSub = T / 16;                  // page >= 16: <= 4 pages per tile

@@ -16,10 +16,9 @@
 
 namespace {
 
-// Error messages are built with std::to_string, never through an ostream: on the H200 image
-// (torch 2.11 + the system g++) a TORCH_CHECK that streamed an integer into c10::str's
-// ostringstream crashed the process (SIGSEGV; every integer-message check, while string and
-// dtype messages raised cleanly: scripts/hip_hostcheck_diag.py, 2026-11-30).
+// Error messages are built with std::to_string, never through an ostream: with torch 2.11 and
+// the system g++ of a CUDA host, a TORCH_CHECK that streamed an integer into c10::str's
+// ostringstream crashed the process (SIGSEGV), while string and dtype messages raised cleanly.
 inline std::string piece(const char* s) { return s; }
 inline std::string piece(const std::string& s) { return s; }
 inline std::string piece(at::ScalarType t) { return c10::toString(t); }
@@ -183,9 +182,7 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
                   const std::optional<at::Tensor>& lse,      // float32 [S, Hq]
                   const std::optional<at::Tensor>& k_scale,  // float32 [Hkv] (fp8)
                   const std::optional<at::Tensor>& v_scale, int64_t layout, double scale,
-                  int64_t partition_size, int64_t q_head_grid, int64_t mode,
-                  int64_t parts_per_block,
-                  const std::optional<at::Tensor>& timeline) {  // int64 stamps (PK_TIMELINE)
+                  int64_t partition_size, int64_t mode, int64_t parts_per_block) {
   const at::Device dev = q.device();
   PK_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k_cache, &v_cache, &block_table, &seq_lens, &out})
@@ -229,7 +226,7 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   p.o_stride_tok = out.stride(0), p.o_stride_head = out.stride(1);
   p.table_stride = block_table.stride(0);
   p.num_seqs = S, p.num_q_heads = Hq, p.num_kv_heads = g.num_kv_heads, p.group = G;
-  p.heads_per_block = q_head_grid ? 1 : std::min<int64_t>(G, 64);
+  p.heads_per_block = std::min<int64_t>(G, 64);
   p.blocks_per_kv_head = (G + p.heads_per_block - 1) / p.heads_per_block;
   p.page_size = g.block_size;
   p.partition_size = partition_size;
@@ -238,15 +235,6 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);  // exp2 domain
   p.decode_mode = static_cast<int>(mode);
   p.parts_per_block = static_cast<int>(std::min<int64_t>(parts_per_block, p.max_partitions));
-  if (timeline) {  // room for any launch shape: 8 int64 per (KV head block, sequence, partition)
-    PK_CHECK(timeline->is_cuda() && timeline->device() == dev &&
-                 timeline->scalar_type() == at::kLong && timeline->is_contiguous() &&
-                 timeline->numel() >= 8 * int64_t(g.num_kv_heads) * p.blocks_per_kv_head * S *
-                                          p.max_partitions,
-             "timeline must be a contiguous int64 tensor on ", dev, " of >= 8 entries per block");
-    p.timeline = timeline->data_ptr<int64_t>();
-  }
-
   void* stream = c10::cuda::getCurrentCUDAStream().stream();
   const pk::DType qc = dtype_code(q.scalar_type()), kc = dtype_code(kvt);
   const char* err = pk::launch_decode(p, qc, kc, D, layout == kHcu, stream, /*go=*/false);
@@ -326,8 +314,7 @@ TORCH_LIBRARY(pagedattn_hip, m) {
   m.def(
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
       "Tensor(a!) out, Tensor(b!)? lse, Tensor? k_scale, Tensor? v_scale, int layout, float scale, "
-      "int partition_size, int q_head_grid, int mode, int parts_per_block, "
-      "Tensor(c!)? timeline=None) -> ()");
+      "int partition_size, int mode, int parts_per_block) -> ()");
   m.def(
       "extend_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
       "Tensor cu_seqlens_q, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, int layout, "

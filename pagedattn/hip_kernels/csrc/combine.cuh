@@ -7,18 +7,16 @@
 
 namespace pk {
 
-// Split-KV combine (HIP.md §4.5): fold the partition states in partition order with
-// merge_state, out = A / L. A sequence's partition count depends on it alone, and the one-pass
-// decode folds with the same merge_state in the same order: outputs are bitwise equal whatever
-// the launch shape. An empty sequence has one neutral partition: out 0, lse -inf.
+// Split-KV combine: fold the partition states in partition order with merge_state, out = A / L.
+// A sequence's partition count depends on it alone, and the one-pass decode folds with the same
+// merge_state in the same order: outputs are bitwise equal whatever the launch shape. An empty
+// sequence has one neutral partition: out 0, lse -inf.
 // Latency: one round trip per kGroup = 64 partitions ((1, 32768) at partition 512). The block
 // fetches each partition's (m, l) once into shared memory, every thread its column of each
-// accumulator; a group's loads are independent, so they are all in flight at once. H200 session
-// 8 (ncu, (1, 32768) 32/8): 5.2 -> 4.9 us against 32 partitions per round trip with every thread
-// loading every (m, l). On sm_90 the kernel is launched as a programmatic dependent of the
-// decode grid and waits for it only before its first workspace read.
-// grid (Hq, S), D threads (thread = column). (One-warp blocks of 32 columns, D / 32 times the
-// blocks, measured no faster in session 8.)
+// accumulator; a group's loads are independent, so they are all in flight at once. On sm_90 the
+// kernel is launched as a programmatic dependent of the decode grid and waits for it only
+// before its first workspace read.
+// grid (Hq, S), D threads (thread = column).
 template <class QT, int D>
 __global__ void __launch_bounds__(D) combine_kernel(const AttnParams p) {
   constexpr int kGroup = 64;  // partitions per round trip; thread u < kGroup fetches (m_u, l_u)

@@ -1,12 +1,12 @@
 // decode_cs.cuh: NVIDIA paged decode, column-split form, for groups of <= 16 query heads over a
-// 16-bit cache (PK_DECODE_COLSPLIT=1, the default; otherwise attn_kernel's pipelined path).
+// 16-bit cache (larger groups and fp8 caches run attn_kernel).
 //
 // Why: attn_kernel gives each of its 4 waves 16 tokens of a 64-token tile and merges the token
 // slices at the end, so a block needs 34 KB per stage and an SM holds 2 blocks (8 warps): too
-// few to hide the tile loop's latency (H200, bench/results/2026-12-01-h200-s6). Here the 4 warps
+// few to hide the tile loop's latency. Here the 4 warps
 // share one 32-token tile (16 KB per stage at D 128, 2 stages: 4 blocks and 16 warps per SM):
 //
-//   Phase 1  wait for tile i (cp.async, PK_CS_STAGES deep), barrier, issue tile i+kStages-1;
+//   Phase 1  wait for tile i (cp.async, kStages deep), barrier, issue tile i+kStages-1;
 //            K as [T][D] and V as [T][D] with swizzled 16-byte chunks (hcu: V^T [D][T], padded).
 //   Phase 2  S_w = Q K_w^T: warp w takes tokens 8w..8w+7 (one m16n8k16 n-tile, 8 k-steps).
 //            Mask, scale to log2 units, row maxima over its 8 tokens -> red_max[w]. Barrier.
@@ -30,7 +30,7 @@
 
 #include "decode_cs_cfg.h"
 
-#if PK_COLSPLIT_ENABLED
+#if PK_PIPE_ENABLED
 namespace pk {
 
 // kMerge: the block folds its partitions into one state (merge_state) and writes out/lse: the
@@ -62,7 +62,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int kv_head = blockIdx.x / p.blocks_per_kv_head;
   const int hg = blockIdx.x % p.blocks_per_kv_head;
   const int seq = blockIdx.y;
-  cs_stamp(p, 0);
   if constexpr (!kMerge) grid_dependency_launch();  // the combine may launch; it waits for us
   const int ctx = p.seq_lens[seq];
   const int q_head0 = kv_head * p.group + hg * p.heads_per_block;
@@ -70,10 +69,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Partitions [plo, phi) of the sequence's nparts (an empty sequence has one, neutral).
   const int nparts = max(1, (ctx + p.partition_size - 1) / p.partition_size);
   const int plo = kMerge ? 0 : blockIdx.z * p.parts_per_block;
-  if (plo >= nparts) {
-    cs_stamp(p, 3);
-    return;
-  }
+  if (plo >= nparts) return;
   const int phi = kMerge ? nparts : min(nparts, plo + p.parts_per_block);
   const int kbeg = plo * p.partition_size;
   const int kend = min(ctx, phi * p.partition_size);
@@ -222,7 +218,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // Phase 1.
     cp_async_wait<NS - 2>();
     __syncthreads();  // tile ci visible; tile ci-1, Ps and red are free everywhere
-    if (PK_TIMELINE && ci == 0) cs_stamp(p, 1);
     if (ci + NS - 1 < nchunks) issue(ci + NS - 1, wr);
     cp_async_commit();
     const uint16_t* ks = stages + rd * SE;
@@ -300,7 +295,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       left = cpp;
     }
   }
-  cs_stamp(p, 2);
   cp_async_wait<0>();
   if (nchunks == 0) finish_partition(plo);  // an empty sequence: its neutral partition
   if constexpr (kMerge) {  // out = A / L, lse
@@ -325,7 +319,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
     }
   }
-  cs_stamp(p, 3);
 }
 
 }  // namespace pk

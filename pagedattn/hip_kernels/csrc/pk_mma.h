@@ -1,4 +1,4 @@
-// pk_mma.h: one 16x16x16 matrix-multiply abstraction (HIP.md §2).
+// pk_mma.h: one 16x16x16 matrix-multiply abstraction.
 //
 //   mma_nt(acc, X, Y):  acc[x][y] += sum_k X[x][k] * Y[y][k]     (both operands K-contiguous)
 //

@@ -1,4 +1,4 @@
-// pk_port.h: the portability layer (HIP.md §1). HIP is tested first; CUDA lives in the #else
+// pk_port.h: the portability layer. HIP is tested first; CUDA lives in the #else
 // branch, because torch's hipify rewrites CUDA names (and __CUDACC__) in the copies it compiles.
 // Kernels use only the names defined here: wave size, shuffles, wave-uniform hints, exp2,
 // 16-bit <-> float conversions, fp8 decoding and 16-byte global loads.
@@ -19,7 +19,7 @@
 // ---------------------------------------------------------------------------------------------
 // Backend selector: set in the device pass only; the host pass compiles every fallback.
 // gfx938/92a/946 use the plain MMAC form, whose (lit=0, lts=0) accumulator layout equals
-// gfx936's (HIP.md §2.2); PK_EMULATE_MMAC routes gfx90a through the MMAC code path for the CI
+// gfx936's; PK_EMULATE_MMAC routes gfx90a through the MMAC code path for the CI
 // syntax check (csrc/compile_check/mmac_shim.h).
 // ---------------------------------------------------------------------------------------------
 #if defined(__HIP_DEVICE_COMPILE__)
@@ -42,7 +42,7 @@
 #define PK_DEVICE __device__ __forceinline__
 
 // __launch_bounds__(threads, min blocks per SM) on NVIDIA. HIP lowers the second argument to a
-// waves-per-EU hint of another meaning (HIP.md §1.2), so AMD gets the first one only.
+// waves-per-EU hint of another meaning, so AMD gets the first one only.
 #if defined(PK_HIP)
 #define PK_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
 #else
@@ -102,7 +102,7 @@ PK_DEVICE int64_t uniform64(int64_t v) {
 PK_DEVICE float exp2(float x) {
 #if defined(PK_HIP)
 #if defined(__HIP_DEVICE_COMPILE__) && __has_builtin(__builtin_amdgcn_exp2f)
-  return __builtin_amdgcn_exp2f(x);  // clang-19 and DTK; clang-15 lacks it (HIP.md §1.2)
+  return __builtin_amdgcn_exp2f(x);  // clang-19 and DTK; clang-15 lacks it
 #else
   return exp2f(x);
 #endif
