@@ -124,10 +124,29 @@ def _ops():
 _MODES = {"auto": -1, "split": 0, "one_pass": 1}
 
 
+def check_errors(errors, device) -> None:
+    """``errors`` is None or an int32 tensor of 1 element on ``device`` (TypeError/ValueError
+    naming it otherwise)."""
+    if errors is None:
+        return
+    if not isinstance(errors, torch.Tensor):
+        raise TypeError(f"errors: expected None or a torch.Tensor, got {type(errors).__name__}")
+    if errors.dtype != torch.int32 or errors.numel() != 1:
+        raise TypeError(f"errors: expected an int32 tensor of 1 element, got dtype "
+                        f"{errors.dtype}, shape {tuple(errors.shape)}")
+    if errors.device != device:
+        raise ValueError(f"errors: expected device {device}, got {errors.device}")
+
+
 def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd", scale=None,
                k_scale=None, v_scale=None, partition_size=None, lse=None, mode="auto",
-               parts_per_block=None) -> None:
+               parts_per_block=None, errors=None) -> None:
     """Launch the decode kernel directly (no validation beyond the C++ host checks).
+
+    Metadata is guarded on the device (csrc/pk_guard.h): a sequence with a seq_len outside
+    [0, table width x block size] or a used block id outside [0, num_blocks) reads no KV and
+    gets NaN rows (lse NaN); ``errors`` (None or an int32 device tensor of 1 element) then
+    receives +1 per kernel program that found it, without a host sync.
 
     mode (``auto`` | ``split`` | ``one_pass``) and parts_per_block (None: auto) force the
     column-split decode's launch shape, for tests: every shape gives the same bits. ``auto``:
@@ -141,36 +160,51 @@ def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd"
                                         parts_per_block < 1):
         raise ValueError(f"parts_per_block: expected None or a positive int, got "
                          f"{parts_per_block!r}")
+    check_errors(errors, q.device)
     g = L.cache_geometry(k_cache, layout)
     group = q.shape[1] // g.num_kv_heads
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     part = default_partition_size(group, partition_size)
     _ops().paged_decode(q, k_cache, v_cache, block_table, seq_lens, out, lse, k_scale, v_scale,
                         LAYOUT_CODES[layout], float(scale), part, _MODES[mode],
-                        parts_per_block or 0)
+                        parts_per_block or 0, errors)
 
 
-def paged_decode(call):
-    """Serve a validated :class:`pagedattn.validation.DecodeCall`: writes call.out."""
+def paged_decode(call, errors=None):
+    """Serve a validated :class:`pagedattn.validation.DecodeCall`: writes call.out.
+
+    errors: None or an int32 device tensor of 1 element (default: ``call.errors`` when the
+    call carries one); see :func:`decode_raw` for the guards."""
+    errors = getattr(call, "errors", None) if errors is None else errors
     q = call.q
     lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
            if call.return_lse else None)
     decode_raw(q, call.k_cache, call.v_cache, call.block_table, call.seq_lens, call.out,
                layout=call.layout, scale=call.opts.scale, k_scale=call.opts.k_scale,
-               v_scale=call.opts.v_scale, partition_size=call.partition_size, lse=lse)
+               v_scale=call.opts.v_scale, partition_size=call.partition_size, lse=lse,
+               errors=errors)
     return lse
 
 
-def extend_attention(call):
-    """Serve a validated :class:`pagedattn.validation.ExtendCall`: writes call.out."""
+def extend_attention(call, errors=None):
+    """Serve a validated :class:`pagedattn.validation.ExtendCall`: writes call.out.
+
+    Metadata is guarded on the device (csrc/pk_guard.h): a request whose cu_seqlens_q pair is
+    descending or outside [0, num_tokens], whose query length exceeds its seq_len or max_q_len,
+    whose seq_len is outside [0, table width x block size], or whose used block ids leave
+    [0, num_blocks), reads no KV and gets NaN rows (lse NaN) for every head. ``errors`` (None
+    or an int32 device tensor of 1 element; default ``call.errors`` when present) receives +1
+    per kernel program that found bad metadata, without a host sync."""
+    errors = getattr(call, "errors", None) if errors is None else errors
     q = call.q
+    check_errors(errors, q.device)
     lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
            if call.return_lse else None)
     max_q = call.max_q_len
     if max_q is None:
         cu = call.cu_seqlens_q
-        max_q = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0  # one host sync
+        max_q = max(0, int((cu[1:] - cu[:-1]).max())) if cu.numel() > 1 else 0  # a host sync
     _ops().extend_attention(q, call.k_cache, call.v_cache, call.block_table, call.cu_seqlens_q,
                             call.seq_lens, call.out, lse, LAYOUT_CODES[call.layout],
-                            float(call.opts.scale), int(max_q))
+                            float(call.opts.scale), int(max_q), errors)
     return lse

@@ -25,6 +25,7 @@
 #pragma once
 
 #include "attn_params.h"
+#include "pk_guard.h"
 #include "pk_kvload.h"
 #include "pk_mma.h"
 #include "pk_pipe.h"
@@ -171,32 +172,56 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
   const int rt = wave % HT;   // row tile of this wave
   const int ts = wave / HT;   // token slice of this wave
 
-  // ---- Block coordinates, rows, key range --------------------------------------------------
+  // ---- Block coordinates, rows, key range; metadata guards (pk_guard.h) ---------------------
   int seq, kv_head, ctx, row0, nrows, kbeg, kend, q_tok0 = 0, q_head0 = 0, prefix = 0, part = 0;
+  bool bad;  // block-uniform: this sequence's metadata is bad; its rows become NaN
   if constexpr (kDecode) {
     kv_head = blockIdx.x / p.blocks_per_kv_head;
     const int hg = blockIdx.x % p.blocks_per_kv_head;
     seq = blockIdx.y;
     part = blockIdx.z;
     ctx = p.seq_lens[seq];
+    bad = seq_len_bad(p, ctx);
+    if (bad) ctx = 0;  // read nothing; partition 0 writes the NaN rows
     q_head0 = kv_head * p.group + hg * p.heads_per_block;
     nrows = min(p.heads_per_block, p.group - hg * p.heads_per_block);
     kbeg = part * p.partition_size;
     if (part > 0 && kbeg >= ctx) return;  // partition 0 always runs: it writes empty rows
     kend = min(ctx, kbeg + p.partition_size);
     row0 = 0;
+    {  // the table entries of keys [kbeg, kend), read by the tile loop
+      const int* row = p.block_table + int64_t(seq) * p.table_stride;
+      bad = block_any(bad || table_range_bad(p, row, kbeg, kend, NT));
+    }
+    count_error(p, bad);
+    if (bad) kend = kbeg;
   } else {
     const int mb = blockIdx.x;
     q_head0 = blockIdx.y;
     seq = blockIdx.z;
     kv_head = q_head0 / p.group;
-    const int lq = p.cu_seqlens_q[seq + 1] - p.cu_seqlens_q[seq];
-    row0 = mb * 16 * HT;
-    if (row0 >= lq) return;
-    nrows = min(16 * HT, lq - row0);
+    const int cu0 = p.cu_seqlens_q[seq], cu1 = p.cu_seqlens_q[seq + 1];
+    const bool cu_ok = 0 <= cu0 && cu0 <= cu1 && cu1 <= p.num_tokens;
+    const int lq = cu_ok ? cu1 - cu0 : 0;
     ctx = p.seq_lens[seq];
+    bad = !cu_ok || seq_len_bad(p, ctx) || lq > ctx || lq > p.max_q_len;
+    row0 = mb * 16 * HT;
+    if (!bad && row0 >= lq) return;
+    {  // every table entry of the request: all its rows are NaN when one is bad
+      const int* row = p.block_table + int64_t(seq) * p.table_stride;
+      bad = block_any(bad || table_range_bad(p, row, 0, bad ? 0 : ctx, NT));
+    }
+    if (bad) {  // rows [cu0, cu1) clipped to q; the last query block also takes rows past the grid
+      count_error(p, true);
+      const int64_t lo = min(max(cu0, 0), p.num_tokens), hi = max(lo, int64_t(min(cu1, p.num_tokens)));
+      const int64_t r0 = lo + row0;
+      const int64_t r1 = mb == p.num_m_blocks - 1 ? hi : min(hi, r0 + 16 * HT);
+      write_nan_rows<QT, D>(p, r0, r1, q_head0, NT);
+      return;
+    }
+    nrows = min(16 * HT, lq - row0);
     prefix = ctx - lq;
-    q_tok0 = p.cu_seqlens_q[seq];
+    q_tok0 = cu0;
     kbeg = 0;
     kend = min(ctx, prefix + row0 + nrows);  // last row sees keys <= prefix + row0 + nrows - 1
   }
@@ -628,7 +653,7 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
   const float vscale = p.v_scale ? p.v_scale[kv_head] : 1.f;
   float inv[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) inv[r] = big_l[r] > 0.f ? 1.f / big_l[r] : 0.f;
+  for (int r = 0; r < kRows; ++r) inv[r] = bad ? nan_f32() : big_l[r] > 0.f ? 1.f / big_l[r] : 0.f;
   const bool direct = !kDecode || p.max_partitions == 1;
 #pragma unroll
   for (int i = 0; i < kAccSlots; ++i) {
@@ -657,10 +682,10 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
       const int head = kDecode ? q_head0 + x : q_head0;
       const int64_t tok = kDecode ? seq : q_tok0 + row0 + x;
       if (direct) {
-        if (p.lse) p.lse[tok * p.num_q_heads + head] = lse_of(big_m[r], big_l[r]);
-      } else {
+        if (p.lse) p.lse[tok * p.num_q_heads + head] = bad ? nan_f32() : lse_of(big_m[r], big_l[r]);
+      } else {  // a NaN max marks the partition bad for the combine
         const int64_t at = (int64_t(seq) * p.num_q_heads + head) * p.max_partitions + part;
-        p.max_logits[at] = big_m[r];
+        p.max_logits[at] = bad ? nan_f32() : big_m[r];
         p.exp_sums[at] = big_l[r];
       }
     }

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -173,6 +174,25 @@ void check_out_lse(const at::Tensor& q, const at::Tensor& out, const std::option
   }
 }
 
+// errors: an int32 counter of 1 element on the device (kernels add to it; no host sync).
+void check_errors(const std::optional<at::Tensor>& errors, const at::Device& dev) {
+  if (!errors) return;
+  PK_CHECK_DEVICE(*errors, dev);
+  PK_CHECK_DTYPE(*errors, at::kInt);
+  PK_CHECK(errors->numel() == 1, "errors must hold 1 element, got ", errors->numel());
+}
+
+// Metadata the kernels guard (pk_guard.h): the table's width, the cache's block count. Token
+// positions up to width * block_size plus one partition stay below 2^31 (int32 math).
+void set_table_bounds(pk::AttnParams& p, const at::Tensor& block_table, const CacheGeom& g,
+                      int64_t slack) {
+  const int64_t width = block_table.size(1);
+  PK_CHECK(width * g.block_size <= INT32_MAX - slack, "block_table width ", width, " x block_size ",
+           g.block_size, " must stay below 2^31 - ", slack, " tokens");
+  p.table_width = static_cast<int>(width);
+  p.num_blocks = static_cast<int>(std::min<int64_t>(g.num_blocks, INT32_MAX));
+}
+
 void paged_decode(const at::Tensor& q,            // [S, Hq, D]
                   const at::Tensor& k_cache,      // layout-specific
                   const at::Tensor& v_cache,
@@ -182,7 +202,8 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
                   const std::optional<at::Tensor>& lse,      // float32 [S, Hq]
                   const std::optional<at::Tensor>& k_scale,  // float32 [Hkv] (fp8)
                   const std::optional<at::Tensor>& v_scale, int64_t layout, double scale,
-                  int64_t partition_size, int64_t mode, int64_t parts_per_block) {
+                  int64_t partition_size, int64_t mode, int64_t parts_per_block,
+                  const std::optional<at::Tensor>& errors) {  // int32 [1]
   const at::Device dev = q.device();
   PK_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k_cache, &v_cache, &block_table, &seq_lens, &out})
@@ -208,6 +229,8 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   PK_CHECK(std::isfinite(scale) && scale > 0, "scale must be finite and > 0");
   PK_CHECK(mode >= -1 && mode <= 1, "mode must be -1 (auto), 0 (split) or 1 (one pass)");
   PK_CHECK(parts_per_block >= 0, "parts_per_block must be >= 0 (0: auto)");
+  check_errors(errors, dev);
+  set_table_bounds(p, block_table, g, partition_size + 64);
   if (S == 0) return;
 
   const c10::cuda::CUDAGuard guard(dev);
@@ -220,6 +243,7 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   p.v_cache = v_cache.data_ptr();
   p.block_table = block_table.data_ptr<int>();
   p.seq_lens = seq_lens.data_ptr<int>();
+  p.errors = errors ? errors->data_ptr<int>() : nullptr;
   p.k_scale = fp8 ? k_scale->data_ptr<float>() : nullptr;
   p.v_scale = fp8 ? v_scale->data_ptr<float>() : nullptr;
   p.q_stride_tok = q.stride(0), p.q_stride_head = q.stride(1);
@@ -260,7 +284,8 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
                       const at::Tensor& seq_lens,      // int32 [S]
                       at::Tensor& out,                 // like q
                       const std::optional<at::Tensor>& lse,  // float32 [T, Hq]
-                      int64_t layout, double scale, int64_t max_q_len) {
+                      int64_t layout, double scale, int64_t max_q_len,
+                      const std::optional<at::Tensor>& errors) {  // int32 [1]
   const at::Device dev = q.device();
   PK_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k_cache, &v_cache, &block_table, &cu_seqlens_q, &seq_lens, &out})
@@ -284,7 +309,10 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
   check_out_lse(q, out, lse, dev);
   PK_CHECK(max_q_len >= 0, "max_q_len must be >= 0");
   PK_CHECK(std::isfinite(scale) && scale > 0, "scale must be finite and > 0");
-  if (S == 0 || T == 0 || max_q_len == 0) return;
+  PK_CHECK(T < INT32_MAX, "q holds too many tokens (", T, ")");
+  check_errors(errors, dev);
+  set_table_bounds(p, block_table, g, 128);
+  if (S == 0 || T == 0) return;
 
   const c10::cuda::CUDAGuard guard(dev);
   p.q = q.data_ptr();
@@ -295,12 +323,17 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
   p.block_table = block_table.data_ptr<int>();
   p.seq_lens = seq_lens.data_ptr<int>();
   p.cu_seqlens_q = cu_seqlens_q.data_ptr<int>();
+  p.errors = errors ? errors->data_ptr<int>() : nullptr;
+  p.num_tokens = static_cast<int>(T);
   p.q_stride_tok = q.stride(0), p.q_stride_head = q.stride(1);
   p.o_stride_tok = out.stride(0), p.o_stride_head = out.stride(1);
   p.table_stride = block_table.stride(0);
   p.num_seqs = S, p.num_q_heads = Hq, p.num_kv_heads = g.num_kv_heads, p.group = Hq / g.num_kv_heads;
   p.page_size = g.block_size;
-  p.num_m_blocks = (max_q_len + 63) / 64;
+  // A request longer than max_q_len is bad metadata (NaN rows); one query block per request
+  // at least, so that it exists to write them.
+  p.max_q_len = static_cast<int>(std::min(max_q_len, T));
+  p.num_m_blocks = std::max<int64_t>(1, (p.max_q_len + 63) / 64);
   PK_CHECK(Hq < 65536 && S < 65536, "grid too large");
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   void* stream = c10::cuda::getCurrentCUDAStream().stream();
@@ -314,11 +347,11 @@ TORCH_LIBRARY(pagedattn_hip, m) {
   m.def(
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
       "Tensor(a!) out, Tensor(b!)? lse, Tensor? k_scale, Tensor? v_scale, int layout, float scale, "
-      "int partition_size, int mode, int parts_per_block) -> ()");
+      "int partition_size, int mode, int parts_per_block, Tensor(c!)? errors=None) -> ()");
   m.def(
       "extend_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
       "Tensor cu_seqlens_q, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, int layout, "
-      "float scale, int max_q_len) -> ()");
+      "float scale, int max_q_len, Tensor(c!)? errors=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(pagedattn_hip, CUDA, m) {

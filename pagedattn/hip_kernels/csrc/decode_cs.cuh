@@ -63,7 +63,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int hg = blockIdx.x % p.blocks_per_kv_head;
   const int seq = blockIdx.y;
   if constexpr (!kMerge) grid_dependency_launch();  // the combine may launch; it waits for us
-  const int ctx = p.seq_lens[seq];
+  int ctx = p.seq_lens[seq];
+  bool bad = seq_len_bad(p, ctx);  // block-uniform; bad rows become NaN (pk_guard.h)
+  if (bad) ctx = 0;                // read nothing; the first block writes the NaN rows
   const int q_head0 = kv_head * p.group + hg * p.heads_per_block;
   const int nrows = min(p.heads_per_block, p.group - hg * p.heads_per_block);
   // Partitions [plo, phi) of the sequence's nparts (an empty sequence has one, neutral).
@@ -73,7 +75,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int phi = kMerge ? nparts : min(nparts, plo + p.parts_per_block);
   const int kbeg = plo * p.partition_size;
   const int kend = min(ctx, phi * p.partition_size);
-  const int nchunks = kend > kbeg ? (kend - kbeg + T - 1) / T : 0;
+  const int* trow = p.block_table + int64_t(seq) * p.table_stride;
+  // the table entries of keys [kbeg, kend), read by the tile loop (none when bad: ctx is 0)
+  bad = block_any(bad || table_range_bad(p, trow, kbeg, kend, NT));
+  count_error(p, bad);
+  const int nchunks = !bad && kend > kbeg ? (kend - kbeg + T - 1) / T : 0;
   const int cpp = p.partition_size / T;  // tiles per partition
 
   Frag qf[Cfg::kDTiles];  // (16 rows, D), zero rows past nrows
@@ -104,7 +110,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int vsd = int(p.v_stride_dim) * 2;
   const char* kb = static_cast<const char*>(p.k_cache) + int64_t(kv_head) * p.k_stride_head * 2;
   const char* vb = static_cast<const char*>(p.v_cache) + int64_t(kv_head) * p.v_stride_head * 2;
-  const int* trow = p.block_table + int64_t(seq) * p.table_stride;
   // Table entry of this thread's rows (one page) / hcu token vector in the next tile to issue,
   // read one issue ahead so that no copy waits on it; 0 past ctx (those copies read nothing).
   uint32_t nblk = 0, nvblk = 0;
@@ -196,7 +201,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           const int x = lane / 4 + 8 * h;
           if (x >= nrows) continue;
           const int64_t at = (int64_t(seq) * p.num_q_heads + q_head0 + x) * p.max_partitions + pi;
-          p.max_logits[at] = m[h];
+          p.max_logits[at] = bad ? nan_f32() : m[h];  // NaN: bad, for the combine
           p.exp_sums[at] = lp[h];
         }
       }
@@ -300,7 +305,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   if constexpr (kMerge) {  // out = A / L, lse
     float inv[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) inv[h] = L[h] > 0.f ? 1.f / L[h] : 0.f;
+    for (int h = 0; h < 2; ++h) inv[h] = bad ? nan_f32() : L[h] > 0.f ? 1.f / L[h] : 0.f;
 #pragma unroll
     for (int i = 0; i < kAccSlots; ++i) {
       const int x = acc_x(lane, i);
@@ -315,7 +320,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int x = lane / 4 + 8 * h;
-        if (x < nrows) p.lse[int64_t(seq) * p.num_q_heads + q_head0 + x] = lse_of(M[h], L[h]);
+        if (x < nrows)
+          p.lse[int64_t(seq) * p.num_q_heads + q_head0 + x] = bad ? nan_f32() : lse_of(M[h], L[h]);
       }
     }
   }
