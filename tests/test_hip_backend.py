@@ -294,3 +294,16 @@ def test_host_checks_reject_bad_inputs():
                        env=env, timeout=600)
     assert r.returncode == 0 and "HOST_CHECKS_OK" in r.stdout, \
         f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=_id)
+def test_mma_probe_matches_torch(dtype):
+    """The matrix-unit probe: C = A B^T through pk_mma.h's lane maps on this device, against a
+    float64 product of the same 16-bit tiles; a transposed or permuted layout fails here."""
+    from pagedattn import hip_kernels as H
+    gen = torch.Generator().manual_seed(6)
+    a, b = (torch.randn(16, 16, generator=gen).to(dtype) for _ in range(2))
+    c = H.mma_probe(a.cuda(), b.cuda())
+    ref = a.double() @ b.double().T
+    torch.testing.assert_close(c.cpu().double(), ref, atol=1e-4, rtol=1e-5)
+    assert not torch.allclose(c.cpu().double(), ref.T, atol=1e-2), "probe output transposed"

@@ -116,9 +116,73 @@ def default_partition_size(group: int, requested: Optional[int]) -> int:
     return max(T_TILE, -(-p // T_TILE) * T_TILE)
 
 
+class HipUnavailableError(RuntimeError):
+    """The hip extension cannot be built or loaded here (no device, no toolkit, a build error)."""
+
+
 def _ops():
     from pagedattn.hip_kernels import build
     return build.load()
+
+
+def mma_probe(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b.T`` in float32, computed by one wave through the kernels' matrix abstraction.
+
+    The first-run self-check runs this with known tiles and compares with torch: a wrong
+    MMAC/MFMA/``mma.sync`` operand order or lane map shows here, apart from any attention
+    kernel (``csrc/mma_probe.cu``; the layout assumptions it verifies are listed in
+    ``csrc/pk_mma.h`` and docs/hip.md).
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        shape: ``[16, 16]``, dtype: float16 or bfloat16, on a CUDA/ROCm device.
+    b : torch.Tensor
+        shape: ``[16, 16]``, a's dtype and device.
+
+    Returns
+    -------
+    torch.Tensor
+        shape: ``[16, 16]``, dtype: float32, ``c[x][y] = sum_k a[x][k] * b[y][k]``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``a`` or ``b`` is not a 16x16 fp16/bf16 tensor pair on one CUDA/ROCm device.
+    HipUnavailableError
+        The hip extension cannot be built or loaded (the reason is in the message).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pagedattn import hip_kernels
+    >>> a = torch.randn(16, 16).half().cuda()  # doctest: +SKIP
+    >>> c = hip_kernels.mma_probe(a, a)  # doctest: +SKIP
+    """
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in Q_DTYPES:
+            raise TypeError(f"{name}: expected float16 or bfloat16, got {t.dtype}")
+        if tuple(t.shape) != (16, 16):
+            raise ValueError(f"{name}: expected shape (16, 16), got {tuple(t.shape)}")
+    if b.dtype != a.dtype or b.device != a.device:
+        raise ValueError(f"b: expected a's dtype {a.dtype} and device {a.device}, got "
+                         f"{b.dtype} on {b.device}")
+    if a.device.type != "cuda":
+        raise HipUnavailableError(f"mma_probe needs tensors on a CUDA/ROCm device, got "
+                                  f"{a.device}")
+    why = _toolchain_reason() or _arch_reason(a.device.index or 0)
+    if why:
+        raise HipUnavailableError(f"mma_probe: the hip extension cannot be built here: {why}")
+    try:
+        ops = _ops()
+    except Exception as e:  # noqa: BLE001 - any build or load failure becomes one typed error
+        raise HipUnavailableError(f"mma_probe: building the hip extension failed: "
+                                  f"{type(e).__name__}: {e}") from e
+    c = torch.empty(16, 16, dtype=torch.float32, device=a.device)
+    ops.mma_probe(a.contiguous(), b.contiguous(), c)
+    return c
 
 
 _MODES = {"auto": -1, "split": 0, "one_pass": 1}

@@ -24,7 +24,7 @@ from pagedattn import config
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 KERNEL_TUS = [f"attn_{q}_{kv}.cu" for q in ("f16", "bf16") for kv in (q, "e4m3", "e5m2")]
-SOURCES = ["bindings.cpp"] + KERNEL_TUS
+SOURCES = ["bindings.cpp", "mma_probe.cu"] + KERNEL_TUS
 HYGON_ARCHS = {"gfx926", "gfx928", "gfx936", "gfx938", "gfx92a", "gfx946", "gfx948"}
 
 _loaded = None

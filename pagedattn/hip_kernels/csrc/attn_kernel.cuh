@@ -266,12 +266,14 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
   const char* vb = static_cast<const char*>(p.v_cache) + int64_t(kv_head) * p.v_stride_head * KVT::kBytes;
   int64_t kbase[Cfg::kMaxSub], vbase[Cfg::kMaxSub];  // element offsets (wave-uniform)
   int prev_blk[Cfg::kMaxSub], prev_off[Cfg::kMaxSub];
-#pragma unroll
-  for (int s = 0; s < Cfg::kMaxSub; ++s) kbase[s] = vbase[s] = 0, prev_blk[s] = prev_off[s] = 0;
+  static_for<Cfg::kMaxSub>([&](auto S) {
+    kbase[S] = vbase[S] = 0;
+    prev_blk[S] = prev_off[S] = 0;
+  });
 
   auto advance = [&](int c0) {
-#pragma unroll
-    for (int s = 0; s < Cfg::kMaxSub; ++s) {
+    static_for<Cfg::kMaxSub>([&](auto S) {
+      constexpr int s = decltype(S)::value;
       const int tok = c0 + s * st;
       if (s * st < T && tok < ctx) {
         const int blk = uniform(table[tok / page]);
@@ -282,12 +284,11 @@ __global__ void PK_LAUNCH_BOUNDS(Cfg::kThreads, Cfg::kMinBlocks) attn_kernel(con
         prev_blk[s] = blk;
         prev_off[s] = off;
       }
-    }
+    });
   };
-  auto pick = [&](const int64_t (&b)[Cfg::kMaxSub], int s) {
+  auto pick = [&](const int64_t (&b)[Cfg::kMaxSub], int s) {  // b[s] for a runtime s
     int64_t r = b[0];
-#pragma unroll
-    for (int j = 1; j < Cfg::kMaxSub; ++j) r = (s == j) ? b[j] : r;
+    static_for<Cfg::kMaxSub>([&](auto J) { r = (s == J) ? b[J] : r; });
     return uniform64(r);
   };
 

@@ -1,4 +1,5 @@
-// bindings.cpp: torch custom ops torch.ops.pagedattn_hip.{paged_decode, extend_attention}.
+// bindings.cpp: torch custom ops torch.ops.pagedattn_hip.{paged_decode, extend_attention,
+// mma_probe}.
 // Host code only (torch APIs, which hipify maps on ROCm). Every tensor is validated in the style
 // of flash-attention's flash_api.cpp before anything launches.
 #include <torch/library.h>
@@ -341,6 +342,28 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
   PK_CHECK(err == nullptr, "pagedattn_hip.extend_attention launch failed: ", err);
 }
 
+// c = a @ b.T through the kernels' mma abstraction (mma_probe.cu): the self-check's layout probe.
+void mma_probe(const at::Tensor& a,  // fp16/bf16 [16, 16], contiguous
+               const at::Tensor& b,  // like a
+               at::Tensor& c) {      // float32 [16, 16], contiguous
+  const at::Device dev = a.device();
+  PK_CHECK(a.is_cuda(), "a must be on a CUDA/HIP device");
+  PK_CHECK_DEVICE(b, dev);
+  PK_CHECK_DEVICE(c, dev);
+  PK_CHECK(a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16, "a must be fp16 or bf16");
+  PK_CHECK_DTYPE(b, a.scalar_type());
+  PK_CHECK_DTYPE(c, at::kFloat);
+  PK_CHECK_SHAPE(a, 16, 16);
+  PK_CHECK_SHAPE(b, 16, 16);
+  PK_CHECK_SHAPE(c, 16, 16);
+  PK_CHECK(a.is_contiguous() && b.is_contiguous() && c.is_contiguous(), "a, b and c must be contiguous");
+  const c10::cuda::CUDAGuard guard(dev);
+  void* stream = c10::cuda::getCurrentCUDAStream().stream();
+  const char* err = pk::launch_mma_probe(a.data_ptr(), b.data_ptr(), c.data_ptr<float>(),
+                                         a.scalar_type() == at::kBFloat16, stream);
+  PK_CHECK(err == nullptr, "pagedattn_hip.mma_probe launch failed: ", err);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pagedattn_hip, m) {
@@ -352,9 +375,11 @@ TORCH_LIBRARY(pagedattn_hip, m) {
       "extend_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
       "Tensor cu_seqlens_q, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, int layout, "
       "float scale, int max_q_len, Tensor(c!)? errors=None) -> ()");
+  m.def("mma_probe(Tensor a, Tensor b, Tensor(a!) c) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(pagedattn_hip, CUDA, m) {
   m.impl("paged_decode", &paged_decode);
   m.impl("extend_attention", &extend_attention);
+  m.impl("mma_probe", &mma_probe);
 }

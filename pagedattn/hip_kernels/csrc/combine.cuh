@@ -46,9 +46,10 @@ __global__ void __launch_bounds__(D) combine_kernel(const AttnParams p) {
     __syncthreads();
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
-      if (u >= n) break;
-      bad |= __builtin_isnan(sm_m[u]);
-      A = merge_acc(A, av[u], merge_state(M, L, sm_m[u], sm_l[u]));
+      if (u < n) {  // no early exit: the loop unrolls fully and av stays in registers
+        bad |= __builtin_isnan(sm_m[u]);
+        A = merge_acc(A, av[u], merge_state(M, L, sm_m[u], sm_l[u]));
+      }
     }
   }
   const float inv = bad ? nan_f32() : L > 0.f ? 1.f / L : 0.f;
