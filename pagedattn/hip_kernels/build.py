@@ -8,7 +8,7 @@ build is never loaded. The first build takes minutes (six kernel translation uni
 parallel); later processes only re-link-check with ninja and load the library.
 
 One build per arch: NVIDIA archs other than sm_90/sm_100/sm_103 get ``-DPK_DECODE_STAGES=2``
-(attn_kernel.cuh: the 3-stage decode pipeline needs 104 KB of shared memory per block).
+(attn_cfg.h: the 3-stage decode pipeline needs 104 KB of shared memory per block).
 ``PAGEDATTN_HIP_VERBOSE=1`` prints the compiler's output.
 """
 import hashlib

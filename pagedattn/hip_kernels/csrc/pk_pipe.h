@@ -1,4 +1,4 @@
-// pk_pipe.h: NVIDIA-only pieces of the pipelined decodes (attn_kernel.cuh, decode_cs.cuh):
+// pk_pipe.h: NVIDIA-only pieces of the pipelined decodes (attn_pipe.cuh, decode_cs.cuh):
 // 16-byte cp.async copies global -> shared with zero fill, their commit/wait groups, and
 // ldmatrix reads of sm80 operand fragments (pk_mma.h lane map) from shared memory.
 // PTX semantics: PTX ISA "cp.async", "cp.async.wait_group", "ldmatrix".
