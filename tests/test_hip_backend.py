@@ -1,4 +1,4 @@
-"""The hip backend (CUDA build on the H200; ROCm/DTK builds alike) vs the float64 oracle.
+"""The hip backend (CUDA, ROCm and DTK builds alike) vs the float64 oracle.
 
 TESTING.md §D1 (oracle, tolerances), §D2 (grid: dtypes, layouts, GQA, head dims, block sizes,
 seq_len 1 / exact multiples / empty rows, ragged extend with prefix 0 and non-multiples), §D5
@@ -93,10 +93,9 @@ def test_decode_vs_oracle(dtype, kv, layout, heads, d, bs):
 
 
 @pytest.mark.parametrize("partition_size", [64, 128, 2048])
-@pytest.mark.parametrize("q_head_grid", [False, True])
-def test_decode_partitions_and_grids(partition_size, q_head_grid):
-    """Split-KV with many partitions / a single pass, and the Q-head grid variant. 8300 keys
-    at partition 64 make 130 partitions: the combine's third round of 64 (combine.cuh)."""
+def test_decode_partitions(partition_size):
+    """Split-KV with many partitions / a single pass. 8300 keys at partition 64 make 130
+    partitions: the combine's third round of 64 (combine.cuh)."""
     from pagedattn import hip_kernels as H
     lens = [1, 300, 1500, 0, 8300]
     b, gen = _batch(lens, 2, 128, 16, "bhsd", torch.bfloat16, seed=1)
@@ -104,7 +103,7 @@ def test_decode_partitions_and_grids(partition_size, q_head_grid):
     out = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:-1], float("nan"), device="cuda")
     H.decode_raw(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, out, layout="bhsd",
-                 partition_size=partition_size, lse=lse, q_head_grid=q_head_grid)
+                 partition_size=partition_size, lse=lse)
     _check_decode(b, q, out, lse, lens, torch.bfloat16)
 
 
@@ -242,7 +241,7 @@ def test_decode_int32_overflow():
     torch.cuda.empty_cache()
 
 
-# One well-formed raw-op batch (also the setup of scripts/hip_hostcheck_diag.py).
+# One well-formed raw-op batch.
 HOST_CHECK_SETUP = r"""
 import sys, torch
 from attn_utils import make_paged_batch
@@ -256,15 +255,15 @@ out = torch.empty_like(q)
 """
 HOST_CHECK_SCRIPT = HOST_CHECK_SETUP + r"""
 ops.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens, out, None, None, None,
-                 0, 0.125, 512, 0, -1, 0)  # the well-formed call runs
+                 0, 0.125, 512, -1, 0)  # the well-formed call runs
 bad = {
     "block_table": lambda: ops.paged_decode(q, b.k_cache, b.v_cache, b.block_table.long(),
-                                            b.seq_lens, out, None, None, None, 0, 0.125, 512, 0, -1, 0),
+                                            b.seq_lens, out, None, None, None, 0, 0.125, 512, -1, 0),
     "out": lambda: ops.paged_decode(q, b.k_cache, b.v_cache, b.block_table, b.seq_lens,
-                                    out[:, :2], None, None, None, 0, 0.125, 512, 0, -1, 0),
+                                    out[:, :2], None, None, None, 0, 0.125, 512, -1, 0),
     "num_q_heads": lambda: ops.paged_decode(q[:, :3], b.k_cache, b.v_cache, b.block_table,
                                             b.seq_lens, out[:, :3], None, None, None, 0, 0.125,
-                                            512, 0, -1, 0),
+                                            512, -1, 0),
 }
 for word, fn in bad.items():
     print("case", word, flush=True)
@@ -281,9 +280,8 @@ print("HOST_CHECKS_OK")
 def test_host_checks_reject_bad_inputs():
     """The C++ entry validates on its own (direct op calls bypass the Python checks).
 
-    NOTE: run in a subprocess: one pytest run on the H200 (torch 2.11) died with SIGSEGV inside
-    this test while the same calls in a plain script raised cleanly; a crash here must fail this
-    test, not kill the GPU tier.
+    NOTE: run in a subprocess: a crash in the host checks (a SIGSEGV inside a TORCH_CHECK message
+    with torch 2.11, see bindings.cpp) must fail this test, not kill the GPU tier.
     """
     import os
     import subprocess
@@ -296,3 +294,16 @@ def test_host_checks_reject_bad_inputs():
                        env=env, timeout=600)
     assert r.returncode == 0 and "HOST_CHECKS_OK" in r.stdout, \
         f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=_id)
+def test_mma_probe_matches_torch(dtype):
+    """The matrix-unit probe: C = A B^T through pk_mma.h's lane maps on this device, against a
+    float64 product of the same 16-bit tiles; a transposed or permuted layout fails here."""
+    from pagedattn import hip_kernels as H
+    gen = torch.Generator().manual_seed(6)
+    a, b = (torch.randn(16, 16, generator=gen).to(dtype) for _ in range(2))
+    c = H.mma_probe(a.cuda(), b.cuda())
+    ref = a.double() @ b.double().T
+    torch.testing.assert_close(c.cpu().double(), ref, atol=1e-4, rtol=1e-5)
+    assert not torch.allclose(c.cpu().double(), ref.T, atol=1e-2), "probe output transposed"

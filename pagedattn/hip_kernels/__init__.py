@@ -10,13 +10,11 @@ Anything else is reported by :func:`supports` as a reason, so dispatch falls bac
 built on first use (:mod:`pagedattn.hip_kernels.build`).
 """
 import functools
-import os
 from typing import List, Optional
 
 import torch
 
 from pagedattn import layouts as L
-from pagedattn.dispatch import core as _dispatch
 
 LAYOUT_CODES = {"bhsd": 0, "bshd": 1, "hcu": 3}
 DECODE_LAYOUTS = ("bhsd", "bshd", "hcu")
@@ -111,10 +109,15 @@ def supports(op: str, **facts) -> List[str]:
 
 
 def default_partition_size(group: int, requested: Optional[int]) -> int:
-    """512, or 256 when the GQA group exceeds 15 (reference §5.2.5); a requested size (call or
-    PAGEDATTN_PARTITION_SIZE, already folded into the call) is rounded up to a multiple of 64."""
+    """512, or 256 when the GQA group exceeds 15; a requested size (call or
+    PAGEDATTN_PARTITION_SIZE, already folded into the call) is rounded up to a multiple of 64.
+    Split points depend on the sequence only, never on the batch."""
     p = requested if requested else (256 if group > 15 else 512)
     return max(T_TILE, -(-p // T_TILE) * T_TILE)
+
+
+class HipUnavailableError(RuntimeError):
+    """The hip extension cannot be built or loaded here (no device, no toolkit, a build error)."""
 
 
 def _ops():
@@ -122,75 +125,150 @@ def _ops():
     return build.load()
 
 
+def mma_probe(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b.T`` in float32, computed by one wave through the kernels' matrix abstraction.
+
+    The first-run self-check runs this with known tiles and compares with torch: a wrong
+    MMAC/MFMA/``mma.sync`` operand order or lane map shows here, apart from any attention
+    kernel (``csrc/mma_probe.cu``; the layout assumptions it verifies are listed in
+    ``csrc/pk_mma.h`` and docs/hip.md).
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        shape: ``[16, 16]``, dtype: float16 or bfloat16, on a CUDA/ROCm device.
+    b : torch.Tensor
+        shape: ``[16, 16]``, a's dtype and device.
+
+    Returns
+    -------
+    torch.Tensor
+        shape: ``[16, 16]``, dtype: float32, ``c[x][y] = sum_k a[x][k] * b[y][k]``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``a`` or ``b`` is not a 16x16 fp16/bf16 tensor pair on one CUDA/ROCm device.
+    HipUnavailableError
+        The hip extension cannot be built or loaded (the reason is in the message).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pagedattn import hip_kernels
+    >>> a = torch.randn(16, 16).half().cuda()  # doctest: +SKIP
+    >>> c = hip_kernels.mma_probe(a, a)  # doctest: +SKIP
+    """
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in Q_DTYPES:
+            raise TypeError(f"{name}: expected float16 or bfloat16, got {t.dtype}")
+        if tuple(t.shape) != (16, 16):
+            raise ValueError(f"{name}: expected shape (16, 16), got {tuple(t.shape)}")
+    if b.dtype != a.dtype or b.device != a.device:
+        raise ValueError(f"b: expected a's dtype {a.dtype} and device {a.device}, got "
+                         f"{b.dtype} on {b.device}")
+    if a.device.type != "cuda":
+        raise HipUnavailableError(f"mma_probe needs tensors on a CUDA/ROCm device, got "
+                                  f"{a.device}")
+    why = _toolchain_reason() or _arch_reason(a.device.index or 0)
+    if why:
+        raise HipUnavailableError(f"mma_probe: the hip extension cannot be built here: {why}")
+    try:
+        ops = _ops()
+    except Exception as e:  # noqa: BLE001 - any build or load failure becomes one typed error
+        raise HipUnavailableError(f"mma_probe: building the hip extension failed: "
+                                  f"{type(e).__name__}: {e}") from e
+    c = torch.empty(16, 16, dtype=torch.float32, device=a.device)
+    ops.mma_probe(a.contiguous(), b.contiguous(), c)
+    return c
+
+
 _MODES = {"auto": -1, "split": 0, "one_pass": 1}
 
 
-def launch_shape(mode=None, parts_per_block=None):
-    """(mode code, partitions per block) for the decode op: the arguments, else
-    PAGEDATTN_HIP_DECODE_MODE (auto | split | one_pass) and PAGEDATTN_HIP_DECODE_PPP (auto | N).
-
-    auto: one pass when the (head group, sequence) blocks fill the GPU three times over, else
-    split with as few partitions per block as keep one wave (NVIDIA column-split kernel; the other
-    kernels split one partition per block). Every shape gives the same bits (tested)."""
-    mode = mode or os.environ.get("PAGEDATTN_HIP_DECODE_MODE") or "auto"
-    if mode not in _MODES:
-        raise ValueError(f"HIP decode mode: expected one of {sorted(_MODES)}, got {mode!r}")
-    ppp = _dispatch.count_or_auto(
-        parts_per_block or os.environ.get("PAGEDATTN_HIP_DECODE_PPP") or "auto",
-        "HIP decode partitions per block (parts_per_block / PAGEDATTN_HIP_DECODE_PPP)")
-    return _MODES[mode], ppp
-
-
-# scripts/decode_timeline.py --backend hip: an int64 CUDA tensor here (STAMPS per block) receives
-# the column-split decode's per-block stamps in a PAGEDATTN_HIP_TIMELINE=1 build; None: no stamps
-TIMELINE = None
-STAMPS = 8  # decode_cs.cuh's cs_stamp layout (the Gluon and Triton kernels' too)
+def check_errors(errors, device) -> None:
+    """``errors`` is None or an int32 tensor of 1 element on ``device`` (TypeError/ValueError
+    naming it otherwise)."""
+    if errors is None:
+        return
+    if not isinstance(errors, torch.Tensor):
+        raise TypeError(f"errors: expected None or a torch.Tensor, got {type(errors).__name__}")
+    if errors.dtype != torch.int32 or errors.numel() != 1:
+        raise TypeError(f"errors: expected an int32 tensor of 1 element, got dtype "
+                        f"{errors.dtype}, shape {tuple(errors.shape)}")
+    if errors.device != device:
+        raise ValueError(f"errors: expected device {device}, got {errors.device}")
 
 
 def decode_raw(q, k_cache, v_cache, block_table, seq_lens, out, *, layout="bhsd", scale=None,
-               k_scale=None, v_scale=None, partition_size=None, lse=None,
-               q_head_grid=False, mode=None, parts_per_block=None) -> None:
+               k_scale=None, v_scale=None, partition_size=None, lse=None, mode="auto",
+               parts_per_block=None, errors=None) -> None:
     """Launch the decode kernel directly (no validation beyond the C++ host checks).
 
-    q_head_grid=True selects the upstream v1/v2 grid (one program per query head, each re-reading
-    its KV head) instead of the KV-head grid, for the §5.2.3 comparison in bench/bench_hip.py.
-    mode / parts_per_block: the launch shape (:func:`launch_shape`; outputs do not depend on it).
+    Metadata is guarded on the device (csrc/pk_guard.h): a sequence with a seq_len outside
+    [0, table width x block size] or a used block id outside [0, num_blocks) reads no KV and
+    gets NaN rows (lse NaN); ``errors`` (None or an int32 device tensor of 1 element) then
+    receives +1 per kernel program that found it, without a host sync.
+
+    mode (``auto`` | ``split`` | ``one_pass``) and parts_per_block (None: auto) force the
+    column-split decode's launch shape, for tests: every shape gives the same bits. ``auto``:
+    one pass when the (head group, sequence) blocks fill the GPU three times over, else split
+    with as few partitions per block as keep one wave (attn_kernel always splits one partition
+    per block).
     """
+    if mode not in _MODES:
+        raise ValueError(f"mode: expected one of {sorted(_MODES)}, got {mode!r}")
+    if parts_per_block is not None and (not isinstance(parts_per_block, int) or
+                                        parts_per_block < 1):
+        raise ValueError(f"parts_per_block: expected None or a positive int, got "
+                         f"{parts_per_block!r}")
+    check_errors(errors, q.device)
     g = L.cache_geometry(k_cache, layout)
     group = q.shape[1] // g.num_kv_heads
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    # the issue's rule (512; 256 when the group exceeds 15) or the caller's size: split points
-    # depend on the sequence only, never on the batch
     part = default_partition_size(group, partition_size)
-    code, ppp = launch_shape(mode, parts_per_block)
     _ops().paged_decode(q, k_cache, v_cache, block_table, seq_lens, out, lse, k_scale, v_scale,
-                        LAYOUT_CODES[layout], float(scale), part, int(q_head_grid), code, ppp,
-                        TIMELINE)
+                        LAYOUT_CODES[layout], float(scale), part, _MODES[mode],
+                        parts_per_block or 0, errors)
 
 
-def paged_decode(call):
-    """Serve a validated :class:`pagedattn.validation.DecodeCall`: writes call.out."""
+def paged_decode(call, errors=None):
+    """Serve a validated :class:`pagedattn.validation.DecodeCall`: writes call.out.
+
+    errors: None or an int32 device tensor of 1 element (default: ``call.errors`` when the
+    call carries one); see :func:`decode_raw` for the guards."""
+    errors = getattr(call, "errors", None) if errors is None else errors
     q = call.q
     lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
            if call.return_lse else None)
-    q_grid = os.environ.get("PAGEDATTN_HIP_GRID", "kv") == "q"
     decode_raw(q, call.k_cache, call.v_cache, call.block_table, call.seq_lens, call.out,
                layout=call.layout, scale=call.opts.scale, k_scale=call.opts.k_scale,
                v_scale=call.opts.v_scale, partition_size=call.partition_size, lse=lse,
-               q_head_grid=q_grid)
+               errors=errors)
     return lse
 
 
-def extend_attention(call):
-    """Serve a validated :class:`pagedattn.validation.ExtendCall`: writes call.out."""
+def extend_attention(call, errors=None):
+    """Serve a validated :class:`pagedattn.validation.ExtendCall`: writes call.out.
+
+    Metadata is guarded on the device (csrc/pk_guard.h): a request whose cu_seqlens_q pair is
+    descending or outside [0, num_tokens], whose query length exceeds its seq_len or max_q_len,
+    whose seq_len is outside [0, table width x block size], or whose used block ids leave
+    [0, num_blocks), reads no KV and gets NaN rows (lse NaN) for every head. ``errors`` (None
+    or an int32 device tensor of 1 element; default ``call.errors`` when present) receives +1
+    per kernel program that found bad metadata, without a host sync."""
+    errors = getattr(call, "errors", None) if errors is None else errors
     q = call.q
+    check_errors(errors, q.device)
     lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
            if call.return_lse else None)
     max_q = call.max_q_len
     if max_q is None:
         cu = call.cu_seqlens_q
-        max_q = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0  # one host sync
+        max_q = max(0, int((cu[1:] - cu[:-1]).max())) if cu.numel() > 1 else 0  # a host sync
     _ops().extend_attention(q, call.k_cache, call.v_cache, call.block_table, call.cu_seqlens_q,
                             call.seq_lens, call.out, lse, LAYOUT_CODES[call.layout],
-                            float(call.opts.scale), int(max_q))
+                            float(call.opts.scale), int(max_q), errors)
     return lse

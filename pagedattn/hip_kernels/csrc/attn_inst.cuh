@@ -10,9 +10,9 @@
 
 namespace pk {
 
-// REUSE_KV_TIMES: how many query heads one block serves from each KV tile it loads (reference
-// §5.2.3). The switch names the specialisations 1..64; the kernel is instantiated per 16-row MMA
-// tile count, so REUSE 1..16 share one binary (HIP.md §0.5) and rows past the group are masked.
+// REUSE_KV_TIMES: how many query heads one block serves from each KV tile it loads. The switch
+// names the specialisations 1..64; the kernel is instantiated per 16-row MMA tile count, so
+// REUSE 1..16 share one binary and rows past the group are masked.
 #define PK_REUSEKV_SWITCH(reuse, ...)                                              \
   [&] {                                                                            \
     if ((reuse) > 48) { constexpr int REUSE_KV_TIMES = 64; return __VA_ARGS__(); } \
@@ -87,7 +87,7 @@ const char* launch_combine(const AttnParams& p, stream_t stream) {
   return last_launch_error();
 }
 
-#if PK_COLSPLIT_ENABLED
+#if PK_PIPE_ENABLED
 template <class Cfg, bool kMerge>
 struct CsTag {};  // one opt-in flag per kernel
 
@@ -117,7 +117,7 @@ inline int num_sms() {
 // The column-split decode (groups <= 16, 16-bit cache): picks the launch shape (decode_cs.cuh).
 // One pass when the (head group, sequence) blocks fill every SM kFill times (the Triton rule,
 // dispatch.core.FILL); else split with the fewest partitions per block that keep the grid within
-// one wave of resident blocks. p.decode_mode / p.parts_per_block override (A/B runs). Every
+// one wave of resident blocks. p.decode_mode / p.parts_per_block force a shape (tests). Every
 // shape gives the same bits. Resolving is idempotent: decode_mode and parts_per_block are
 // rewritten to the resolved values.
 template <class Cfg>
@@ -157,7 +157,7 @@ template <class QT, class KVT, int D, bool VT>
 const char* launch_decode_d(AttnParams& p, stream_t stream, bool go) {
   const char* err = PK_REUSEKV_SWITCH(p.heads_per_block, [&] {
     constexpr int kTiles = head_tiles_for(REUSE_KV_TIMES);
-#if PK_COLSPLIT_ENABLED
+#if PK_PIPE_ENABLED
     if constexpr (kTiles == 1 && KVT::kBytes == 2)
       return launch_cs<DecodeCsCfg<QT, D, VT>>(p, stream, go);
     else

@@ -25,8 +25,8 @@ struct AttnParams {
   const int* cu_seqlens_q;   // extend [S + 1]
   const float* k_scale;      // fp8: [Hkv] dequantisation scales; else nullptr
   const float* v_scale;
-  // PK_TIMELINE builds (decode_cs.cuh, NVIDIA): int64 [blocks, 8] per-block stamps; else nullptr
-  int64_t* timeline;
+  // [1] int32 counter: a program that finds bad metadata adds 1 (atomic); nullptr: none
+  int* errors;
 
   // Element strides (int64: pools pass 2^31 elements).
   int64_t q_stride_tok, q_stride_head;
@@ -34,6 +34,9 @@ struct AttnParams {
   int64_t k_stride_block, k_stride_token, k_stride_head;                  // d stride is 1
   int64_t v_stride_block, v_stride_token, v_stride_head, v_stride_dim;    // one of the last is 1
   int64_t table_stride;
+  int table_width;        // entries per block-table row (W); table_width * page_size < 2^31
+  int num_blocks;         // cache blocks: valid block ids are [0, num_blocks) (clamped to 2^31-1)
+  int num_tokens;         // extend: rows of q (T); cu_seqlens_q entries lie in [0, T]
 
   int num_seqs, num_q_heads, num_kv_heads, group;  // group = Hq / Hkv
   int heads_per_block;    // decode: query heads one block serves (KV-head grid: min(G, REUSE))
@@ -41,10 +44,11 @@ struct AttnParams {
   int page_size;          // power of 2, >= 16
   int partition_size;     // decode: multiple of 64
   int max_partitions;     // decode: ceil(table capacity / partition_size)
-  int decode_mode;        // decode request: -1 auto, 0 split, 1 one pass (the launcher resolves)
-  int parts_per_block;    // decode split: partitions per block; 0 = auto (the launcher resolves)
+  int decode_mode;        // decode launch shape: -1 auto, 0 split, 1 one pass (launcher resolves)
+  int parts_per_block;    // decode split: partitions per block; 0 = auto (launcher resolves)
   int one_pass;           // decode, set by the launcher: each block merges all its partitions
-  int num_m_blocks;       // extend: ceil(max query length / 64)
+  int num_m_blocks;       // extend: max(1, ceil(max_q_len / 64))
+  int max_q_len;          // extend: longest query length the caller promises (<= num_tokens)
   float scale_log2;       // softmax scale * log2(e)
 };
 

@@ -1,4 +1,5 @@
-// bindings.cpp: torch custom ops torch.ops.pagedattn_hip.{paged_decode, extend_attention}.
+// bindings.cpp: torch custom ops torch.ops.pagedattn_hip.{paged_decode, extend_attention,
+// mma_probe}.
 // Host code only (torch APIs, which hipify maps on ROCm). Every tensor is validated in the style
 // of flash-attention's flash_api.cpp before anything launches.
 #include <torch/library.h>
@@ -7,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -16,10 +18,9 @@
 
 namespace {
 
-// Error messages are built with std::to_string, never through an ostream: on the H200 image
-// (torch 2.11 + the system g++) a TORCH_CHECK that streamed an integer into c10::str's
-// ostringstream crashed the process (SIGSEGV; every integer-message check, while string and
-// dtype messages raised cleanly: scripts/hip_hostcheck_diag.py, 2026-11-30).
+// Error messages are built with std::to_string, never through an ostream: with torch 2.11 and
+// the system g++ of a CUDA host, a TORCH_CHECK that streamed an integer into c10::str's
+// ostringstream crashed the process (SIGSEGV), while string and dtype messages raised cleanly.
 inline std::string piece(const char* s) { return s; }
 inline std::string piece(const std::string& s) { return s; }
 inline std::string piece(at::ScalarType t) { return c10::toString(t); }
@@ -174,6 +175,25 @@ void check_out_lse(const at::Tensor& q, const at::Tensor& out, const std::option
   }
 }
 
+// errors: an int32 counter of 1 element on the device (kernels add to it; no host sync).
+void check_errors(const std::optional<at::Tensor>& errors, const at::Device& dev) {
+  if (!errors) return;
+  PK_CHECK_DEVICE(*errors, dev);
+  PK_CHECK_DTYPE(*errors, at::kInt);
+  PK_CHECK(errors->numel() == 1, "errors must hold 1 element, got ", errors->numel());
+}
+
+// Metadata the kernels guard (pk_guard.h): the table's width, the cache's block count. Token
+// positions up to width * block_size plus one partition stay below 2^31 (int32 math).
+void set_table_bounds(pk::AttnParams& p, const at::Tensor& block_table, const CacheGeom& g,
+                      int64_t slack) {
+  const int64_t width = block_table.size(1);
+  PK_CHECK(width * g.block_size <= INT32_MAX - slack, "block_table width ", width, " x block_size ",
+           g.block_size, " must stay below 2^31 - ", slack, " tokens");
+  p.table_width = static_cast<int>(width);
+  p.num_blocks = static_cast<int>(std::min<int64_t>(g.num_blocks, INT32_MAX));
+}
+
 void paged_decode(const at::Tensor& q,            // [S, Hq, D]
                   const at::Tensor& k_cache,      // layout-specific
                   const at::Tensor& v_cache,
@@ -183,9 +203,8 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
                   const std::optional<at::Tensor>& lse,      // float32 [S, Hq]
                   const std::optional<at::Tensor>& k_scale,  // float32 [Hkv] (fp8)
                   const std::optional<at::Tensor>& v_scale, int64_t layout, double scale,
-                  int64_t partition_size, int64_t q_head_grid, int64_t mode,
-                  int64_t parts_per_block,
-                  const std::optional<at::Tensor>& timeline) {  // int64 stamps (PK_TIMELINE)
+                  int64_t partition_size, int64_t mode, int64_t parts_per_block,
+                  const std::optional<at::Tensor>& errors) {  // int32 [1]
   const at::Device dev = q.device();
   PK_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k_cache, &v_cache, &block_table, &seq_lens, &out})
@@ -211,6 +230,8 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   PK_CHECK(std::isfinite(scale) && scale > 0, "scale must be finite and > 0");
   PK_CHECK(mode >= -1 && mode <= 1, "mode must be -1 (auto), 0 (split) or 1 (one pass)");
   PK_CHECK(parts_per_block >= 0, "parts_per_block must be >= 0 (0: auto)");
+  check_errors(errors, dev);
+  set_table_bounds(p, block_table, g, partition_size + 64);
   if (S == 0) return;
 
   const c10::cuda::CUDAGuard guard(dev);
@@ -223,13 +244,14 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   p.v_cache = v_cache.data_ptr();
   p.block_table = block_table.data_ptr<int>();
   p.seq_lens = seq_lens.data_ptr<int>();
+  p.errors = errors ? errors->data_ptr<int>() : nullptr;
   p.k_scale = fp8 ? k_scale->data_ptr<float>() : nullptr;
   p.v_scale = fp8 ? v_scale->data_ptr<float>() : nullptr;
   p.q_stride_tok = q.stride(0), p.q_stride_head = q.stride(1);
   p.o_stride_tok = out.stride(0), p.o_stride_head = out.stride(1);
   p.table_stride = block_table.stride(0);
   p.num_seqs = S, p.num_q_heads = Hq, p.num_kv_heads = g.num_kv_heads, p.group = G;
-  p.heads_per_block = q_head_grid ? 1 : std::min<int64_t>(G, 64);
+  p.heads_per_block = std::min<int64_t>(G, 64);
   p.blocks_per_kv_head = (G + p.heads_per_block - 1) / p.heads_per_block;
   p.page_size = g.block_size;
   p.partition_size = partition_size;
@@ -238,15 +260,6 @@ void paged_decode(const at::Tensor& q,            // [S, Hq, D]
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);  // exp2 domain
   p.decode_mode = static_cast<int>(mode);
   p.parts_per_block = static_cast<int>(std::min<int64_t>(parts_per_block, p.max_partitions));
-  if (timeline) {  // room for any launch shape: 8 int64 per (KV head block, sequence, partition)
-    PK_CHECK(timeline->is_cuda() && timeline->device() == dev &&
-                 timeline->scalar_type() == at::kLong && timeline->is_contiguous() &&
-                 timeline->numel() >= 8 * int64_t(g.num_kv_heads) * p.blocks_per_kv_head * S *
-                                          p.max_partitions,
-             "timeline must be a contiguous int64 tensor on ", dev, " of >= 8 entries per block");
-    p.timeline = timeline->data_ptr<int64_t>();
-  }
-
   void* stream = c10::cuda::getCurrentCUDAStream().stream();
   const pk::DType qc = dtype_code(q.scalar_type()), kc = dtype_code(kvt);
   const char* err = pk::launch_decode(p, qc, kc, D, layout == kHcu, stream, /*go=*/false);
@@ -272,7 +285,8 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
                       const at::Tensor& seq_lens,      // int32 [S]
                       at::Tensor& out,                 // like q
                       const std::optional<at::Tensor>& lse,  // float32 [T, Hq]
-                      int64_t layout, double scale, int64_t max_q_len) {
+                      int64_t layout, double scale, int64_t max_q_len,
+                      const std::optional<at::Tensor>& errors) {  // int32 [1]
   const at::Device dev = q.device();
   PK_CHECK(q.is_cuda(), "q must be on a CUDA/HIP device");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k_cache, &v_cache, &block_table, &cu_seqlens_q, &seq_lens, &out})
@@ -296,7 +310,10 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
   check_out_lse(q, out, lse, dev);
   PK_CHECK(max_q_len >= 0, "max_q_len must be >= 0");
   PK_CHECK(std::isfinite(scale) && scale > 0, "scale must be finite and > 0");
-  if (S == 0 || T == 0 || max_q_len == 0) return;
+  PK_CHECK(T < INT32_MAX, "q holds too many tokens (", T, ")");
+  check_errors(errors, dev);
+  set_table_bounds(p, block_table, g, 128);
+  if (S == 0 || T == 0) return;
 
   const c10::cuda::CUDAGuard guard(dev);
   p.q = q.data_ptr();
@@ -307,17 +324,44 @@ void extend_attention(const at::Tensor& q,             // [T, Hq, D]
   p.block_table = block_table.data_ptr<int>();
   p.seq_lens = seq_lens.data_ptr<int>();
   p.cu_seqlens_q = cu_seqlens_q.data_ptr<int>();
+  p.errors = errors ? errors->data_ptr<int>() : nullptr;
+  p.num_tokens = static_cast<int>(T);
   p.q_stride_tok = q.stride(0), p.q_stride_head = q.stride(1);
   p.o_stride_tok = out.stride(0), p.o_stride_head = out.stride(1);
   p.table_stride = block_table.stride(0);
   p.num_seqs = S, p.num_q_heads = Hq, p.num_kv_heads = g.num_kv_heads, p.group = Hq / g.num_kv_heads;
   p.page_size = g.block_size;
-  p.num_m_blocks = (max_q_len + 63) / 64;
+  // A request longer than max_q_len is bad metadata (NaN rows); one query block per request
+  // at least, so that it exists to write them.
+  p.max_q_len = static_cast<int>(std::min(max_q_len, T));
+  p.num_m_blocks = std::max<int64_t>(1, (p.max_q_len + 63) / 64);
   PK_CHECK(Hq < 65536 && S < 65536, "grid too large");
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   void* stream = c10::cuda::getCurrentCUDAStream().stream();
   const char* err = pk::launch_extend(p, dtype_code(q.scalar_type()), D, stream);
   PK_CHECK(err == nullptr, "pagedattn_hip.extend_attention launch failed: ", err);
+}
+
+// c = a @ b.T through the kernels' mma abstraction (mma_probe.cu): the self-check's layout probe.
+void mma_probe(const at::Tensor& a,  // fp16/bf16 [16, 16], contiguous
+               const at::Tensor& b,  // like a
+               at::Tensor& c) {      // float32 [16, 16], contiguous
+  const at::Device dev = a.device();
+  PK_CHECK(a.is_cuda(), "a must be on a CUDA/HIP device");
+  PK_CHECK_DEVICE(b, dev);
+  PK_CHECK_DEVICE(c, dev);
+  PK_CHECK(a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16, "a must be fp16 or bf16");
+  PK_CHECK_DTYPE(b, a.scalar_type());
+  PK_CHECK_DTYPE(c, at::kFloat);
+  PK_CHECK_SHAPE(a, 16, 16);
+  PK_CHECK_SHAPE(b, 16, 16);
+  PK_CHECK_SHAPE(c, 16, 16);
+  PK_CHECK(a.is_contiguous() && b.is_contiguous() && c.is_contiguous(), "a, b and c must be contiguous");
+  const c10::cuda::CUDAGuard guard(dev);
+  void* stream = c10::cuda::getCurrentCUDAStream().stream();
+  const char* err = pk::launch_mma_probe(a.data_ptr(), b.data_ptr(), c.data_ptr<float>(),
+                                         a.scalar_type() == at::kBFloat16, stream);
+  PK_CHECK(err == nullptr, "pagedattn_hip.mma_probe launch failed: ", err);
 }
 
 }  // namespace
@@ -326,15 +370,16 @@ TORCH_LIBRARY(pagedattn_hip, m) {
   m.def(
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
       "Tensor(a!) out, Tensor(b!)? lse, Tensor? k_scale, Tensor? v_scale, int layout, float scale, "
-      "int partition_size, int q_head_grid, int mode, int parts_per_block, "
-      "Tensor(c!)? timeline=None) -> ()");
+      "int partition_size, int mode, int parts_per_block, Tensor(c!)? errors=None) -> ()");
   m.def(
       "extend_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
       "Tensor cu_seqlens_q, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, int layout, "
-      "float scale, int max_q_len) -> ()");
+      "float scale, int max_q_len, Tensor(c!)? errors=None) -> ()");
+  m.def("mma_probe(Tensor a, Tensor b, Tensor(a!) c) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(pagedattn_hip, CUDA, m) {
   m.impl("paged_decode", &paged_decode);
   m.impl("extend_attention", &extend_attention);
+  m.impl("mma_probe", &mma_probe);
 }

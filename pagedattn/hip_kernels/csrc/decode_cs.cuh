@@ -1,12 +1,12 @@
 // decode_cs.cuh: NVIDIA paged decode, column-split form, for groups of <= 16 query heads over a
-// 16-bit cache (PK_DECODE_COLSPLIT=1, the default; otherwise attn_kernel's pipelined path).
+// 16-bit cache (larger groups and fp8 caches run attn_kernel).
 //
 // Why: attn_kernel gives each of its 4 waves 16 tokens of a 64-token tile and merges the token
 // slices at the end, so a block needs 34 KB per stage and an SM holds 2 blocks (8 warps): too
-// few to hide the tile loop's latency (H200, bench/results/2026-12-01-h200-s6). Here the 4 warps
+// few to hide the tile loop's latency. Here the 4 warps
 // share one 32-token tile (16 KB per stage at D 128, 2 stages: 4 blocks and 16 warps per SM):
 //
-//   Phase 1  wait for tile i (cp.async, PK_CS_STAGES deep), barrier, issue tile i+kStages-1;
+//   Phase 1  wait for tile i (cp.async, kStages deep), barrier, issue tile i+kStages-1;
 //            K as [T][D] and V as [T][D] with swizzled 16-byte chunks (hcu: V^T [D][T], padded).
 //   Phase 2  S_w = Q K_w^T: warp w takes tokens 8w..8w+7 (one m16n8k16 n-tile, 8 k-steps).
 //            Mask, scale to log2 units, row maxima over its 8 tokens -> red_max[w]. Barrier.
@@ -30,7 +30,7 @@
 
 #include "decode_cs_cfg.h"
 
-#if PK_COLSPLIT_ENABLED
+#if PK_PIPE_ENABLED
 namespace pk {
 
 // kMerge: the block folds its partitions into one state (merge_state) and writes out/lse: the
@@ -62,22 +62,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int kv_head = blockIdx.x / p.blocks_per_kv_head;
   const int hg = blockIdx.x % p.blocks_per_kv_head;
   const int seq = blockIdx.y;
-  cs_stamp(p, 0);
   if constexpr (!kMerge) grid_dependency_launch();  // the combine may launch; it waits for us
-  const int ctx = p.seq_lens[seq];
+  int ctx = p.seq_lens[seq];
+  bool bad = seq_len_bad(p, ctx);  // block-uniform; bad rows become NaN (pk_guard.h)
+  if (bad) ctx = 0;                // read nothing; the first block writes the NaN rows
   const int q_head0 = kv_head * p.group + hg * p.heads_per_block;
   const int nrows = min(p.heads_per_block, p.group - hg * p.heads_per_block);
   // Partitions [plo, phi) of the sequence's nparts (an empty sequence has one, neutral).
   const int nparts = max(1, (ctx + p.partition_size - 1) / p.partition_size);
   const int plo = kMerge ? 0 : blockIdx.z * p.parts_per_block;
-  if (plo >= nparts) {
-    cs_stamp(p, 3);
-    return;
-  }
+  if (plo >= nparts) return;
   const int phi = kMerge ? nparts : min(nparts, plo + p.parts_per_block);
   const int kbeg = plo * p.partition_size;
   const int kend = min(ctx, phi * p.partition_size);
-  const int nchunks = kend > kbeg ? (kend - kbeg + T - 1) / T : 0;
+  const int* trow = p.block_table + int64_t(seq) * p.table_stride;
+  // the table entries of keys [kbeg, kend), read by the tile loop (none when bad: ctx is 0)
+  bad = block_any(bad || table_range_bad(p, trow, kbeg, kend, NT));
+  count_error(p, bad);
+  const int nchunks = !bad && kend > kbeg ? (kend - kbeg + T - 1) / T : 0;
   const int cpp = p.partition_size / T;  // tiles per partition
 
   Frag qf[Cfg::kDTiles];  // (16 rows, D), zero rows past nrows
@@ -108,7 +110,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int vsd = int(p.v_stride_dim) * 2;
   const char* kb = static_cast<const char*>(p.k_cache) + int64_t(kv_head) * p.k_stride_head * 2;
   const char* vb = static_cast<const char*>(p.v_cache) + int64_t(kv_head) * p.v_stride_head * 2;
-  const int* trow = p.block_table + int64_t(seq) * p.table_stride;
   // Table entry of this thread's rows (one page) / hcu token vector in the next tile to issue,
   // read one issue ahead so that no copy waits on it; 0 past ctx (those copies read nothing).
   uint32_t nblk = 0, nvblk = 0;
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           const int x = lane / 4 + 8 * h;
           if (x >= nrows) continue;
           const int64_t at = (int64_t(seq) * p.num_q_heads + q_head0 + x) * p.max_partitions + pi;
-          p.max_logits[at] = m[h];
+          p.max_logits[at] = bad ? nan_f32() : m[h];  // NaN: bad, for the combine
           p.exp_sums[at] = lp[h];
         }
       }
@@ -222,7 +223,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // Phase 1.
     cp_async_wait<NS - 2>();
     __syncthreads();  // tile ci visible; tile ci-1, Ps and red are free everywhere
-    if (PK_TIMELINE && ci == 0) cs_stamp(p, 1);
     if (ci + NS - 1 < nchunks) issue(ci + NS - 1, wr);
     cp_async_commit();
     const uint16_t* ks = stages + rd * SE;
@@ -300,13 +300,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       left = cpp;
     }
   }
-  cs_stamp(p, 2);
   cp_async_wait<0>();
   if (nchunks == 0) finish_partition(plo);  // an empty sequence: its neutral partition
   if constexpr (kMerge) {  // out = A / L, lse
     float inv[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) inv[h] = L[h] > 0.f ? 1.f / L[h] : 0.f;
+    for (int h = 0; h < 2; ++h) inv[h] = bad ? nan_f32() : L[h] > 0.f ? 1.f / L[h] : 0.f;
 #pragma unroll
     for (int i = 0; i < kAccSlots; ++i) {
       const int x = acc_x(lane, i);
@@ -321,11 +320,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int x = lane / 4 + 8 * h;
-        if (x < nrows) p.lse[int64_t(seq) * p.num_q_heads + q_head0 + x] = lse_of(M[h], L[h]);
+        if (x < nrows)
+          p.lse[int64_t(seq) * p.num_q_heads + q_head0 + x] = bad ? nan_f32() : lse_of(M[h], L[h]);
       }
     }
   }
-  cs_stamp(p, 3);
 }
 
 }  // namespace pk

@@ -1,5 +1,4 @@
-// pk_kvload.h: 16-byte KV loads from a wave-uniform 64-bit base plus a small per-lane offset
-// (HIP.md §3).
+// pk_kvload.h: 16-byte KV loads from a wave-uniform 64-bit base plus a small per-lane offset.
 //
 // AMD/Hygon: the base becomes a 128-bit buffer resource descriptor (V#) held in SGPRs; the lane
 // offset is the 32-bit voffset. A masked lane gets voffset | 0x80000000, past num_records, and
@@ -7,7 +6,7 @@
 // NVIDIA: the same base is a plain pointer; masked lanes skip the load and read zeros.
 //
 // The caller advances the base per KV tile by k_delta = table_diff * page_stride +
-// offset_diff * token_stride (reference §5.3.3), in int64 and wave-uniform, so the 32-bit
+// offset_diff * token_stride, in int64 and wave-uniform, so the 32-bit
 // voffset never has to span the pool.
 #pragma once
 

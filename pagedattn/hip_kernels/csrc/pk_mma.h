@@ -1,4 +1,4 @@
-// pk_mma.h: one 16x16x16 matrix-multiply abstraction (HIP.md §2).
+// pk_mma.h: one 16x16x16 matrix-multiply abstraction.
 //
 //   mma_nt(acc, X, Y):  acc[x][y] += sum_k X[x][k] * Y[y][k]     (both operands K-contiguous)
 //
@@ -74,16 +74,27 @@ typedef _Float16 pk_half4 __attribute__((ext_vector_type(4)));
 typedef short pk_short4 __attribute__((ext_vector_type(4)));
 typedef float pk_float4 __attribute__((ext_vector_type(4)));
 
+// MMAC builtins, by arch (pk_port.h). Layout assumptions, from public Hygon kernels and not
+// verified on hardware by us; the probe (csrc/mma_probe.cu, hip_kernels.mma_probe) checks them
+// per arch before the backend is trusted there:
+//   (1) mmac(x, y, c): operand lane l holds row l%16, k 4(l/16) + j in slot j, for both x
+//       and y (the MFMA operand map);
+//   (2) the result is D[x row][y row] += sum_k x[.][k] y[.][k], slot i of lane l holding
+//       D[l%16][l/16 + 4i] (the "jump" layout; MFMA's is D[4(l/16) + i][l%16]);
+//   (3) gfx938/92a/946 with lit = lts = false give the same operand and result maps as
+//       gfx936/928's plain form, for f16 and bf16 (the int8 forms of the two families are
+//       known to differ; they are not used here);
+//   (4) bf16 operands are passed as 4 x short bit patterns, f16 as 4 x _Float16.
 #if defined(PK_MMA_MMAC)
-#if defined(PK_MMAC_SHIM)  // compile_check/mmac_shim.h (CI syntax check on gfx90a)
+#if defined(PK_MMAC_SHIM)  // compile_check/mmac_shim.h: MFMA emulation, a syntax check only
 #define PK_MMAC_F16(a, b, c) pk_shim_mmac_f16(a, b, c)
 #define PK_MMAC_BF16(a, b, c) pk_shim_mmac_bf16(a, b, c)
-#elif __has_builtin(__builtin_hcu_mmac_f32_16x16x16_f16)
-#define PK_MMAC_F16(a, b, c) __builtin_hcu_mmac_f32_16x16x16_f16(a, b, c)
-#define PK_MMAC_BF16(a, b, c) __builtin_hcu_mmac_f32_16x16x16_bf16(a, b, c)
-#else  // older DTK spelling (Hygon CK fork maps the hcu names onto these)
+#elif defined(PK_MMAC_PLAIN)  // gfx936 / gfx928
 #define PK_MMAC_F16(a, b, c) __builtin_amdgcn_mmac_f32_16x16x16f16(a, b, c)
 #define PK_MMAC_BF16(a, b, c) __builtin_amdgcn_mmac_f32_16x16x16bf16(a, b, c)
+#elif defined(PK_MMAC_LIT_LTS)  // gfx938 / gfx92a / gfx946: lit and lts explicitly off
+#define PK_MMAC_F16(a, b, c) __builtin_hcu_mmac_f32_16x16x16_f16_lit_lts(a, b, c, false, false)
+#define PK_MMAC_BF16(a, b, c) __builtin_hcu_mmac_f32_16x16x16_bf16_lit_lts(a, b, c, false, false)
 #endif
 #endif
 #endif

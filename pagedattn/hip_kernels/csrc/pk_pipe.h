@@ -1,6 +1,6 @@
-// pk_pipe.h: NVIDIA-only pieces of the pipelined decode path (attn_kernel.cuh,
-// PK_DECODE_PIPELINE): 16-byte cp.async copies global -> shared with zero fill, their commit/wait
-// groups, and ldmatrix reads of sm80 operand fragments (pk_mma.h lane map) from shared memory.
+// pk_pipe.h: NVIDIA-only pieces of the pipelined decodes (attn_pipe.cuh, decode_cs.cuh):
+// 16-byte cp.async copies global -> shared with zero fill, their commit/wait groups, and
+// ldmatrix reads of sm80 operand fragments (pk_mma.h lane map) from shared memory.
 // PTX semantics: PTX ISA "cp.async", "cp.async.wait_group", "ldmatrix".
 #pragma once
 
@@ -15,21 +15,8 @@ PK_DEVICE uint32_t smem_u32(const void* p) {
 
 // dst[0, 16) = src[0, nbytes) followed by zeros; nbytes == 0 reads nothing (src only needs to be
 // a valid global address). .cg: cached in L2 only, the KV stream is read once.
-// PK_CP_ASYNC_L2 = 64 | 128 | 256 adds an L2 prefetch-size hint (.L2::<n>B); 0 (default): none.
-#ifndef PK_CP_ASYNC_L2
-#define PK_CP_ASYNC_L2 0
-#endif
-#if PK_CP_ASYNC_L2 == 0
-#define PK_CP_ASYNC_OP "cp.async.cg.shared.global"
-#elif PK_CP_ASYNC_L2 == 64 || PK_CP_ASYNC_L2 == 128 || PK_CP_ASYNC_L2 == 256
-#define PK_STR2(x) #x
-#define PK_STR(x) PK_STR2(x)
-#define PK_CP_ASYNC_OP "cp.async.cg.shared.global.L2::" PK_STR(PK_CP_ASYNC_L2) "B"
-#else
-#error "PK_CP_ASYNC_L2 must be 0, 64, 128 or 256"
-#endif
 PK_DEVICE void cp_async16(void* dst, const void* src, int nbytes) {
-  asm volatile(PK_CP_ASYNC_OP " [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                "r"(nbytes)
                : "memory");
 }

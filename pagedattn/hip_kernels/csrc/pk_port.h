@@ -1,10 +1,12 @@
-// pk_port.h: the portability layer (HIP.md §1). HIP is tested first; CUDA lives in the #else
+// pk_port.h: the portability layer. HIP is tested first; CUDA lives in the #else
 // branch, because torch's hipify rewrites CUDA names (and __CUDACC__) in the copies it compiles.
 // Kernels use only the names defined here: wave size, shuffles, wave-uniform hints, exp2,
 // 16-bit <-> float conversions, fp8 decoding and 16-byte global loads.
 #pragma once
 
 #include <stdint.h>
+
+#include <utility>
 
 #if defined(__HIP__) || defined(__HIP_PLATFORM_AMD__) || defined(USE_ROCM)
 #define PK_HIP 1
@@ -17,19 +19,31 @@
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// Backend selector: set in the device pass only; the host pass compiles every fallback.
-// gfx938/92a/946 use the plain MMAC form, whose (lit=0, lts=0) accumulator layout equals
-// gfx936's (HIP.md §2.2); PK_EMULATE_MMAC routes gfx90a through the MMAC code path for the CI
-// syntax check (csrc/compile_check/mmac_shim.h).
+// Backend selector: set in the device pass only; the host pass compiles every fallback. The
+// matrix unit is chosen by arch, never by __has_builtin (DTK's answer is not decisive for the
+// Hygon forms):
+//   PK_MMA_MMAC          Hygon MMAC, "jump" accumulator layout (pk_mma.h), with
+//     PK_MMAC_PLAIN      gfx936/gfx928: __builtin_amdgcn_mmac_f32_16x16x16{f16,bf16}(a, b, c)
+//     PK_MMAC_LIT_LTS    gfx938/gfx92a/gfx946: __builtin_hcu_mmac_f32_16x16x16_{f16,bf16}_lit_lts
+//                        (a, b, c, lit = false, lts = false)
+//   PK_MMA_MFMA          AMD CDNA gfx90a/gfx94x
+//   PK_MMA_SM80          NVIDIA sm_80+ (2 x mma.sync m16n8k16)
+// PK_EMULATE_MMAC (csrc/compile_check/mmac_shim.h) routes gfx90a through the MMAC code path
+// with the builtins emulated by MFMA: no compiler here knows the Hygon targets.
 // ---------------------------------------------------------------------------------------------
 #if defined(__HIP_DEVICE_COMPILE__)
-#if defined(__gfx936__) || defined(__gfx928__) || defined(__gfx938__) || defined(__gfx92a__) || \
-    defined(__gfx946__) || defined(PK_EMULATE_MMAC)
+#if defined(PK_EMULATE_MMAC)
 #define PK_MMA_MMAC 1
+#elif defined(__gfx936__) || defined(__gfx928__)
+#define PK_MMA_MMAC 1
+#define PK_MMAC_PLAIN 1
+#elif defined(__gfx938__) || defined(__gfx92a__) || defined(__gfx946__)
+#define PK_MMA_MMAC 1
+#define PK_MMAC_LIT_LTS 1
 #elif defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
 #define PK_MMA_MFMA 1
 #else
-#error "pk: unsupported AMD target (need gfx90a/gfx94x MFMA or Hygon gfx928/936/938 MMAC)"
+#error "pk: unsupported AMD target (need gfx90a/gfx94x MFMA or Hygon gfx928/936/938/92a/946 MMAC)"
 #endif
 #elif defined(__CUDA_ARCH__)
 #if __CUDA_ARCH__ >= 800
@@ -42,7 +56,7 @@
 #define PK_DEVICE __device__ __forceinline__
 
 // __launch_bounds__(threads, min blocks per SM) on NVIDIA. HIP lowers the second argument to a
-// waves-per-EU hint of another meaning (HIP.md §1.2), so AMD gets the first one only.
+// waves-per-EU hint of another meaning, so AMD gets the first one only.
 #if defined(PK_HIP)
 #define PK_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
 #else
@@ -102,7 +116,7 @@ PK_DEVICE int64_t uniform64(int64_t v) {
 PK_DEVICE float exp2(float x) {
 #if defined(PK_HIP)
 #if defined(__HIP_DEVICE_COMPILE__) && __has_builtin(__builtin_amdgcn_exp2f)
-  return __builtin_amdgcn_exp2f(x);  // clang-19 and DTK; clang-15 lacks it (HIP.md §1.2)
+  return __builtin_amdgcn_exp2f(x);  // clang-19 and DTK; clang-15 lacks it
 #else
   return exp2f(x);
 #endif
@@ -114,6 +128,18 @@ PK_DEVICE float exp2(float x) {
 }
 
 PK_DEVICE float fmax(float a, float b) { return __builtin_fmaxf(a, b); }
+
+// f(std::integral_constant<int, i>) for i = 0 .. N-1: array indices that are constants in the
+// source, not only after unrolling. AMDGPU's promote-alloca pass runs before loop unrolling and
+// moves small arrays indexed by a loop variable into LDS or scratch.
+template <class F, int... I>
+PK_DEVICE void static_for_impl(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, class F>
+PK_DEVICE void static_for(F&& f) {
+  static_for_impl(f, std::make_integer_sequence<int, N>{});
+}
 
 constexpr float kNegInf = -__builtin_huge_valf();
 

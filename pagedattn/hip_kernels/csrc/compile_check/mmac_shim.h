@@ -1,4 +1,7 @@
-// mmac_shim.h: a syntax check of the Hygon MMAC branch on gfx90a (no compiler here knows gfx936).
+// mmac_shim.h: a syntax check of the Hygon MMAC branch on gfx90a. No compiler here knows
+// gfx928/936/938/92a/946, so the real MMAC builtin lines of pk_mma.h are never compiled here
+// (tests/test_hip_compile_amd.py checks on the preprocessed source which builtins each arch
+// selects); this shim type-checks the MMAC layout code (kperm, the "jump" accumulator) instead.
 // Force-included (-include) before the sources: it selects the MMAC code path (PK_EMULATE_MMAC)
 // and provides the MMAC builtins as MFMA plus the 4x4 (lane group, slot) transpose that maps the
 // MFMA accumulator layout (x = l%16, y = 4g+i) onto MMAC's "jump" layout (x = l%16, y = g+4i).
