@@ -62,8 +62,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         "Malformed metadata"): a sequence whose length, block ids or query count are invalid
         gets NaN rows (out and lse) and nothing outside the given tensors is read or written.
     errors : torch.Tensor, optional
-        int32 ``[1]`` on q's device: the kernels add the number of guarded (NaN) rows to it,
-        with no host sync.
+        int32 ``[1]`` on q's device: the kernels add a positive count to it when they guard
+        something (the Triton kernels: the NaN rows; the HIP kernels: the programs that found
+        bad metadata), with no host sync; it stays as it was when all metadata is valid.
 
     Returns
     -------
