@@ -52,7 +52,7 @@ def _compile_offline(target, loop="twostage", new_from_cache=True):
             assert "{num = 2 : i32}" in k.asm["ttgir"], "K/V must stay two tiles in flight"
     else:
         triton.compile(src, target=GPUTarget("hip", arch, 64),
-                       options=dict(num_warps=4, num_stages=1, waves_per_eu=2,
+                       options=dict(num_warps=8, num_stages=1, waves_per_eu=2,
                                     matrix_instr_nonkdim=16))
 
 

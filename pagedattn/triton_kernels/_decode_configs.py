@@ -21,8 +21,9 @@ _CONFIGS = {
 # tokens, twice its bytes. On the H200, with fp16 dots (_f16_dot), 1.05-1.84x faster than 32-token
 # tiles with bf16 dots on every e5m2 and e4m3 row (32/8 and 32/32, blocks 16-128). 64-token tiles
 # win some one-pass rows at block 64 but lose up to 25 % elsewhere; the tile may not follow the
-# launch shape (batch invariance), so one tile serves every block size.
-_FP8_CONFIGS = {("nvidia", (128, 16)): (128, 4, 3)}
+# launch shape (batch invariance), so one tile serves every block size. AMD, rows 17-64: 32-token
+# fp8 tiles (64-token ones spill on gfx942; tests/test_triton_amd_compile.py).
+_FP8_CONFIGS = {("nvidia", (128, 16)): (128, 4, 3), ("amd", (128, 64)): (32, 4, 1)}
 _TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
 MAX_ROWS = 256  # G * Lq rows per program
 # The split launch's combine kernel: (states per load, warps, column blocks per row, pipeline
