@@ -65,7 +65,8 @@ _HYGON_HIP = ("the MMAC branch type-checked through compile_check/mmac_shim.h, w
               "onto MFMA for gfx90a; no compiler here targets a Hygon DCU")
 _HYGON_TRITON = ("never compiled: upstream Triton has no Hygon target, 3.9 fails in "
                  "ConvertWarpPipeline for gfx936; DTK ships its own Triton")
-_AMD_TRITON = "offline compiles for the target without a GPU: the AMD compile tier of tests/"
+_AMD_TRITON = ("every kernel auto runs, compiled offline by Triton's AMD backend with the default "
+               "tiles and the guards: no spill, no scratch (tests/test_triton_amd_compile.py)")
 
 # arch family -> backend -> op -> Verification. An arch, backend or op missing here is
 # unverified. Hygon's gfx928/gfx936/gfx938 are DTK's default build targets.
