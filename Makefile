@@ -23,7 +23,7 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
 
 # The offline sm_90 compile checks again under the GPU machine's triton (the H200 runs 3.6):
-# compilers differ (3.6 did not pipeline a loop that 3.9 did: bench/NOTES_extend.md). A venv
+# compilers differ (3.6 did not pipeline a loop that 3.9 did: docs/performance.md). A venv
 # holding only that triton; everything else comes from .venv through a .pth file.
 GPU_TRITON ?= 3.6.0
 VENV_GT    := .venv-triton-$(GPU_TRITON)
