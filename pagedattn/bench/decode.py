@@ -18,7 +18,9 @@ Shapes: Hq/Hkv 32/8 and 32/32, D 128, bf16, block 16 and 64, (batch, ctx) in
   JIT compile on first use; a failure is a note).
 * ``triton`` is the backend's default (``PAGEDATTN_DEV_DECODE_KERNEL=auto``: the Gluon sm_90 kernel
   for MHA, the Triton kernel for GQA); ``triton_tl`` forces the Triton kernel and
-  ``triton_gluon`` the Gluon kernel (the Triton kernel where the Gluon gate refuses the call).
+  ``triton_gluon`` the Gluon kernel (the Triton kernel where the Gluon gate refuses the call);
+  ``triton_noguard`` is ``triton`` compiled without its metadata guards
+  (``PAGEDATTN_DEV_GUARDS=0``): the guards' cost, timed in the same rounds.
 * CUDA-graph times (``*_graph_*``): the median of ROUNDS rounds; each round times every peer
   once, in an order rotated by one peer per round.
 
@@ -220,6 +222,9 @@ def main(argv=None):
                     peers["triton_gluon"] = lambda: _with_env(
                         _ours(q, k, v, table, lens, out, "triton"),
                         PAGEDATTN_DEV_DECODE_KERNEL="gluon")
+                    # the guards' cost, in the same rounds: what auto runs, compiled without
+                    peers["triton_noguard"] = lambda: _with_env(
+                        _ours(q, k, v, table, lens, out, "triton"), PAGEDATTN_DEV_GUARDS="0")
                 if device == "cuda":
                     peers["hip"] = lambda: _ours(q, k, v, table, lens, out, "hip")
                     peers["sdpa"] = lambda: _sdpa(q, k, v, table, lens, bs)

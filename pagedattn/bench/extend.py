@@ -12,7 +12,8 @@ Shapes: Hq/Hkv 32/8, D 128, bf16, block 16, layout bhsd (= FlashInfer HND);
   ``%mm`` = TFLOP/s / that.
 * triton: ``pagedattn.extend_attention(backend="triton", max_q_len=...)`` (no host sync, no
   validation) with the new tokens' K/V read from the cache (``--new-from k_new`` reads them from
-  contiguous k_new/v_new instead).
+  contiguous k_new/v_new instead). ``triton noguard``: the same kernel compiled without its
+  metadata guards (``PAGEDATTN_DEV_GUARDS=0``), the guards' cost in the same run.
 * sdpa: torch SDPA per request on K/V gathered to contiguous tensors beforehand (the gather is
   not timed), GQA pre-expanded. Prefix 0 uses ``is_causal=True``; prefix > 0 needs the
   bottom-right (shifted) mask: ``torch.nn.attention.bias.causal_lower_right`` when available
@@ -128,6 +129,19 @@ def _time(fn, device):
     return time.perf_counter() - t
 
 
+def _no_guards(fn):
+    """fn, run with the kernels' metadata guards compiled out (PAGEDATTN_DEV_GUARDS=0)."""
+    from pagedattn import config
+
+    def run():
+        restore = config.override("PAGEDATTN_DEV_GUARDS", "0")
+        try:
+            return fn()
+        finally:
+            restore()
+    return run
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m pagedattn.bench extend",
                                 description=__doc__.split("\n")[0])
@@ -154,6 +168,9 @@ def main(argv=None) -> int:
         x = make_inputs(batch, prefix, extend, device, dtype)
         f = flops(batch, prefix, extend)
         peers = [("triton", lambda: (run_triton(x, extend, a.new_from), ""))]
+        if device == "cuda":  # the guards' cost: the same kernel compiled without them
+            peers.append(("triton noguard", lambda: (_no_guards(run_triton(x, extend,
+                                                                           a.new_from)), "")))
         peers.append(("torch sdpa", lambda: run_sdpa(x, batch, prefix, extend)))
         for be in fi_backends:
             peers.append((f"flashinfer {be}",
