@@ -1,0 +1,174 @@
+"""RadixCache.insert (radix_cache.py): key reuse, the checks, then the changes.
+
+Order of work, so that a failed call changes nothing:
+
+    1. key        the match's encoding when `tokens` is the very list it was made from
+    2. checks     slot count; `start` (its prefix is a prefix of tokens, same namespace);
+                  the read-only walk; the new slots it leaves to add (owned by the caller:
+                  handed out by the pool, not in the tree, each once, whole pages)
+    3. changes    touch the path, split where the walk ends inside a node, add the leaf
+
+Regions of `tokens` (E = end of the cached part, N = page-aligned length)::
+
+    [0, start)  the start node's path          -> touched
+    [start, E)  cached further down             -> touched (a node cut at E: both halves)
+    [E, N)      new                             -> one new leaf holding indices[E:N] (copied)
+    [N, end)    partial last page               -> not cached
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from .errors import ForeignId
+from .radix_node import _NIDS, _TB, MatchResult, encode_tokens
+from .token_pool import PagedTokenPool, as_slot_array
+
+__all__ = ["insert_tokens"]
+
+_pack = struct.pack
+
+
+def insert_tokens(c, tokens, indices, extra_key, start):
+    """RadixCache.insert on cache `c`; returns (already cached tokens, the node ending the
+    cached path (the new leaf if one was added), values of the nodes walked after `start`)."""
+    t = type(tokens)
+    if type(start) is MatchResult and tokens is start.source and (t is list or t is tuple):
+        key, have = start.key, len(start.key) >> 3
+        if len(tokens) > have:                 # appended to since the match
+            key = key + encode_tokens(tokens[have:])
+        elif len(tokens) < have:
+            key = encode_tokens(tokens)
+    elif t is list:
+        try:
+            key = _pack(f"{len(tokens)}q", *tokens)
+        except struct.error:
+            key = encode_tokens(tokens)        # raises the typed error
+    else:
+        key = encode_tokens(tokens)
+    pb, n = c._pb, len(key)
+    if pb != _TB:
+        n -= n % pb
+    idx = as_slot_array(indices, "indices")
+    if idx.size * _TB < n:
+        raise ValueError(f"indices: {idx.size} slots for {n // _TB} tokens to cache")
+    root = c._roots.get(extra_key)
+    if root is None:
+        root = c._root(extra_key)
+    node, pos = root, 0
+    if start is not None:
+        node, pos = _resume(c, start, key, n, extra_key, root)
+    top = node
+    path, node, pos, cut, m = c._find(node, key, pos, n)
+    end = pos + m
+    new = None
+    if end < n:
+        new = idx[end >> 3:n >> 3]
+        _check_new_slots(c, new)
+    # Checks done: from here on nothing raises.
+    c._clock = clock = c._clock + 1
+    time, loc, index, valt = c._time, c._index.loc, c._index, c._val
+    if top != root:                            # resumed below the root: touch the path above
+        x = top
+        while x >= 0:
+            time[x] = clock
+            x = c._par[x]
+        if top in loc:
+            index.touch(top)
+    vals = []
+    for x in path:
+        time[x] = clock
+        if x in loc:
+            index.touch(x)
+        vals.append(valt[x])
+    if cut:
+        node = c._split(cut, m)                # stamps both halves
+        vals.append(valt[node])
+    if new is None:
+        return n >> 3, node, vals
+    leaf = next(_NIDS)
+    c._key[leaf], valt[leaf], c._par[leaf] = key[end:n], new.copy(), node
+    c._lock[leaf], time[leaf] = 0, clock
+    kids, first = c._kids.get(node), key[end:end + pb]
+    if kids is None:
+        c._kids[node] = {first: leaf}
+        if node in loc:                        # node was an evictable leaf
+            index.remove(node)
+    else:
+        kids[first] = leaf
+    c._evictable += len(new)
+    c._cached[new] = True
+    index.add(leaf)
+    return end >> 3, leaf, vals
+
+
+def _resume(c, start, key: bytes, n: int, extra_key, root):
+    """(node, key position) where the walk may start, from `start`; ValueError when its prefix
+    is not a prefix of `key[:n]` in `extra_key`. A start node evicted since (or unknown) gives
+    the root: resuming is only a shortcut."""
+    if type(start) is MatchResult and start.key:
+        snode, end, skey = start.last_node, start.indices.shape[0] * _TB, start.key
+        if end > n or (key is not skey and key[:end] != skey[:end]):
+            raise ValueError(f"start: the match's {end // _TB}-token prefix is not a prefix of "
+                             f"the {n // _TB} page-aligned tokens")
+        if snode not in c._par:
+            return root, 0
+        if start.root != root:
+            raise ValueError(f"start: a match in another namespace than extra_key={extra_key!r}")
+        return snode, end                      # a match's node ends at its prefix, always
+    if type(start) is MatchResult:             # built by hand, without the key: verify
+        snode, end = start.last_node, start.indices.shape[0] * _TB
+    else:
+        try:
+            snode, plen = start
+            end = int(plen) * _TB
+        except (TypeError, ValueError):
+            raise TypeError(f"start: expected a MatchResult or (node, prefix_len), got "
+                            f"{start!r}") from None
+    try:
+        if snode not in c._par:
+            return root, 0
+    except TypeError:
+        raise TypeError(f"start: node handle {snode!r} is not an int") from None
+    if end > n:
+        raise ValueError(f"start: prefix of {end // _TB} tokens is longer than the "
+                         f"{n // _TB} page-aligned tokens")
+    par, keys, x, pos = c._par, c._key, snode, end
+    while par[x] >= 0:                         # compare the node's path with key[:end]
+        k = keys[x]
+        st = pos - len(k)
+        if st < 0 or key[st:pos] != k:
+            raise ValueError(f"start: node {snode}'s path is not a prefix of tokens")
+        pos, x = st, par[x]
+    if pos:
+        raise ValueError(f"start: prefix_len {end // _TB} != node {snode}'s path length")
+    if x != root:
+        raise ValueError(f"start: node {snode} is in namespace {c._ns[x]!r}, not "
+                         f"extra_key={extra_key!r}")
+    return snode, end
+
+
+def _check_new_slots(c, new: np.ndarray) -> None:
+    """ForeignId unless every slot of `new` is in range, handed out by the pool, not in the
+    tree, and listed once; for a paged pool, whole pages (ValueError from `pages_of`)."""
+    pool = c.pool
+    if c.page_size > 1 and isinstance(pool, PagedTokenPool):
+        ids = pool.pages_of(new, "indices")    # whole pages: a page's head stands for it
+        probe, lim, what = new[::c.page_size], pool.size // c.page_size, "page"
+    else:
+        ids, probe, lim, what = new, new, pool.size, "slot"
+    srt = np.sort(ids)                         # the range check and the duplicate check
+    if srt[0] < 0 or srt[-1] >= lim:
+        raise ForeignId(f"indices: {what} out of range [0, {lim}): min {srt[0]}, max {srt[-1]}")
+    if srt.size > 1 and np.count_nonzero(srt[1:] == srt[:-1]):
+        dup = srt[1:][srt[1:] == srt[:-1]][:8].tolist()
+        raise ForeignId(f"indices: {what}s {dup} are given twice")
+    # NOTE: pool._is_free is the pool's per-slot free mask (token_pool.py, same package).
+    if np.count_nonzero(pool._is_free.take(probe)):
+        bad = probe[pool._is_free.take(probe)][:8].tolist()
+        raise ForeignId(f"indices: slots {bad} are free in the pool (never handed out, or "
+                        f"freed)")
+    if np.count_nonzero(c._cached.take(probe)):
+        bad = probe[c._cached.take(probe)][:8].tolist()
+        raise ForeignId(f"indices: slots {bad} are already cached (under another key)")
