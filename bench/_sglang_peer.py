@@ -77,6 +77,7 @@ def _pip(*args: str) -> str:
     return out.stdout
 
 
+@functools.lru_cache(maxsize=None)
 def latest_version() -> str:
     """The newest sglang release on the package index (`pip index versions sglang`)."""
     m = re.search(r"^sglang \(([^)]+)\)", _pip("index", "versions", "sglang"), re.M)
@@ -99,8 +100,8 @@ def fetch(version: str) -> str:
         wheels = [f for f in os.listdir(tmp) if f.endswith(".whl")]
         if len(wheels) != 1:
             raise PeerUnavailable(f"pip download sglang=={version}: got {wheels}, not one wheel")
-        staging = tempfile.mkdtemp(dir=os.path.dirname(root) if os.path.isdir(
-            os.path.dirname(root)) else None)
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        staging = tempfile.mkdtemp(dir=os.path.dirname(root))
         with zipfile.ZipFile(os.path.join(tmp, wheels[0])) as z:
             names = set(z.namelist())
             for _, rel, required in _REAL:
@@ -110,7 +111,6 @@ def fetch(version: str) -> str:
                     raise PeerUnavailable(f"sglang {version} wheel has no {rel}")
         with open(os.path.join(staging, _VERSION_FILE), "w") as f:
             f.write(version + "\n")
-    os.makedirs(os.path.dirname(root), exist_ok=True)
     try:
         os.rename(staging, root)
     except OSError:           # another process fetched it first

@@ -256,6 +256,24 @@ class RadixMachine(RuleBasedStateMachine):
             self.cache.dec_lock_ref(m.last_node)
         assert (self.cache.evictable_size(), self.cache.protected_size()) == sizes
 
+    @precondition(lambda self: any(len(p) > self.ps for _, _, p in self.handles))
+    @rule(data=st.data())
+    def unlock_ancestor(self, data):                                           # R9, (b)
+        """A node locked only through a descendant's handle is not unlockable."""
+        _, ns, path = data.draw(st.sampled_from([h for h in self.handles
+                                                 if len(h[2]) > self.ps]))
+        cut = data.draw(st.integers(1, len(path) // self.ps - 1)) * self.ps
+        self.touch(ns, path, cut, hit=True)
+        m = self.cache.match_prefix(list(path[:cut]), extra_key=ns)
+        info = self.cache.node(m.last_node)
+        assert len(m.indices) == cut and info.lock_ref > 0
+        if info.own_locks:
+            return
+        before = sorted(self.cache.node(x) for x in iter_nodes(self.cache))
+        with pytest.raises(LockError, match="no lock of its own"):
+            self.cache.dec_lock_ref(m.last_node)
+        assert sorted(self.cache.node(x) for x in iter_nodes(self.cache)) == before
+
     @rule(frac=st.floats(0, 1), over=st.booleans())
     def evict(self, frac, over):
         ev = self.cache.evictable_size()
