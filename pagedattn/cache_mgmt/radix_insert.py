@@ -53,20 +53,26 @@ def insert_tokens(c, tokens, indices, extra_key, start):
     idx = as_slot_array(indices, "indices")
     if idx.size * _TB < n:
         raise ValueError(f"indices: {idx.size} slots for {n // _TB} tokens to cache")
-    root = c._roots.get(extra_key)
-    if root is None:
-        root = c._root(extra_key)
+    try:
+        root = c._roots.get(extra_key)         # None: a namespace without a tree yet
+    except TypeError:
+        raise TypeError(f"extra_key: must be hashable, got {type(extra_key).__name__}") \
+            from None
     node, pos = root, 0
     if start is not None:
         node, pos = _resume(c, start, key, n, extra_key, root)
     top = node
-    path, node, pos, cut, m = c._find(node, key, pos, n)
+    path, cut, m = [], 0, 0
+    if root is not None:
+        path, node, pos, cut, m = c._find(node, key, pos, n)
     end = pos + m
     new = None
     if end < n:
         new = idx[end >> 3:n >> 3]
         _check_new_slots(c, new)
     # Checks done: from here on nothing raises.
+    if root is None:
+        node = top = root = c._root(extra_key)
     c._clock = clock = c._clock + 1
     time, loc, index, valt = c._time, c._index.loc, c._index, c._val
     if top != root:                            # resumed below the root: touch the path above
@@ -114,7 +120,7 @@ def _resume(c, start, key: bytes, n: int, extra_key, root):
                              f"the {n // _TB} page-aligned tokens")
         if snode not in c._par:
             return root, 0
-        if start.root != root:
+        if start.root != root or root is None:
             raise ValueError(f"start: a match in another namespace than extra_key={extra_key!r}")
         return snode, end                      # a match's node ends at its prefix, always
     if type(start) is MatchResult:             # built by hand, without the key: verify
