@@ -1,22 +1,12 @@
 """SGLang's Python RadixCache as a benchmark peer, run from a released sglang wheel.
 
-`fetch(version)` downloads the wheel with pip (`pip download --no-deps sglang==VERSION`; "latest"
-asks the index for the newest release) and extracts only the files run here into
-`<cache>/sglang-peer/<version>/` (`<cache>`: $PAGEDATTN_CACHE_DIR, else ~/.cache/pagedattn), so a
-second run needs no network. `load(root)` then executes those files and nothing else:
-
-    sglang/srt/mem_cache/unified_cache/component_type.py   (an Enum; newer releases only)
-    sglang/srt/mem_cache/evict_policy.py                   (LRU/LFU/... strategies)
-    sglang/srt/mem_cache/cache_init_params.py              (CacheInitParams)
-    sglang/srt/mem_cache/base_prefix_cache.py              (params/results, BasePrefixCache)
-    sglang/srt/mem_cache/radix_cache.py                    (RadixKey, TreeNode, RadixCache)
-
-Everything else they import (allocator and memory-pool types, KV events, hashing for storage,
-metrics, runtime context, `mem_cache.utils`, `utils.common`) gets a stub module holding only the
-names those files use, for every supported release at once. Stub packages have an empty
-`__path__`, so an import that is not stubbed fails at once instead of reaching the SGLang
-runtime, and the `sglang*` entries leave `sys.modules` again after loading. Nothing of SGLang
-is part of this repository. See docs/radix_peer.md.
+`fetch(version)` downloads the wheel with pip (`pip download --no-deps sglang==VERSION`;
+"latest": the newest release on the index) and extracts only the files run here into
+`<cache>/sglang-peer/<version>/` ($PAGEDATTN_CACHE_DIR, else ~/.cache/pagedattn). `load(root)`
+executes those files (`_REAL`) with stub modules for everything else they import (the union
+over supported releases; stub packages have an empty `__path__`, so an unstubbed import fails
+at once), then removes the `sglang*` modules again. Nothing of SGLang is part of this
+repository. docs/radix_peer.md has the details.
 """
 from __future__ import annotations
 
@@ -34,7 +24,7 @@ import torch
 
 from pagedattn import config
 
-VERSIONS = ("0.5.10.post1", "latest")   # the release the radix issue measured, and the newest
+VERSIONS = ("0.5.10.post1", "latest")   # a fixed reference release, and the newest
 _REAL = [  # (module name, path under the root, required)
     ("sglang.srt.mem_cache.unified_cache.component_type",
      "sglang/srt/mem_cache/unified_cache/component_type.py", False),

@@ -1,21 +1,12 @@
 """Radix prefix cache benchmark: ours side by side with SGLang's own RadixCache, same requests.
 
-Each request is the call sequence of a serving engine: match_prefix(tokens), inc_lock_ref,
-insert(tokens, slots) and dec_lock_ref, timed as one span per request for every cache. Tokens
-are plain Python lists, built before the span (SGLang's scheduler holds prompts as lists);
-SGLang gets what its API needs inside the span (RadixKey, page-aligned key and value for
-insert), ours resumes the insert at the match (`start=`). Slot allocation and frees run outside
-the span for everyone. The matched length of every request must agree across caches.
-
-Workloads (rows, page sizes 1 and 16):
-  few-shot     1,000 requests sharing a 3,000-token prompt + 50-200 unique tokens
-  multi-turn   200 conversations x 8 turns (history re-sent every turn)
-  tree search  10 problems, 500-token trunk, 4-way branching to depth 4
-  1M cached    multi-turn (200 x 4) on a tree already holding 1,000,000 tokens
-plus the fast path (ours with keys encoded outside the span; SGLang with array('q') keys,
-for the releases whose scheduler holds prompts as arrays), `evict` cost per leaf at 1k/8k/32k leaves,
-the longest garbage-collector pause in each replay (gc.callbacks) and one full collection with
-the 1M-token tree alive.
+One span per request and cache: match_prefix, inc_lock_ref, insert, dec_lock_ref, on a plain
+Python list built before the span (docs/radix_peer.md: what each cache gets, what is outside).
+Rows, at page sizes 1 and 16: few-shot (1,000 requests, a shared 3,000-token prompt + 50-200
+tokens), multi-turn (200 conversations x 8 turns), tree search (10 problems, 500-token trunk,
+4-way to depth 4), 1M cached (multi-turn 200 x 4 on a tree holding 1,000,000 tokens). Also the
+fast path (keys encoded outside the span), evict per leaf at 1k/8k/32k leaves, the longest
+collector pause per replay (gc.callbacks), a full collection with the 1M-token tree alive.
 
     python bench/bench_radix.py --record            # results of record, bench/results/radix/
     python bench/bench_radix.py --quick --sglang none
@@ -76,8 +67,9 @@ def tree_search(rng, n_prob=10, depth=4, fan=4):
 
 
 class Ours:
+    """`c`: the cache (evictable_size, evict). fast: bytes keys encoded outside the span."""
+
     def __init__(self, size, page_size, fast=False):
-        self.name = "pagedattn (bytes keys)" if fast else "pagedattn"
         self.c = RadixCache.create_simulated(size, page_size=page_size)
         self.pool, self.ps, self.fast = self.c.pool, page_size, fast
 
@@ -99,21 +91,16 @@ class Ours:
         self.pool.free(np.concatenate([slots[:got].numpy(), slots[a:].numpy()]))
         return len(m.indices), dt
 
-    def evictable(self):
-        return self.c.evictable_size()
-
-    def evict(self, n):
-        self.c.evict(n)
-
 
 class SGLang:
+    """`c`: SGLangRadix (evictable_size, evict). native: array('q') keys, made outside."""
+
     def __init__(self, ns, size, page_size, native=False):
-        self.name = f"sglang {ns.version}" + (" (array keys)" if native else "")
-        self.p = peer.SGLangRadix(ns, size, page_size)
+        self.c = peer.SGLangRadix(ns, size, page_size)
         self.ns, self.ps, self.native = ns, page_size, native
 
     def request(self, arr):
-        p, c, ns, ps = self.p, self.p.cache, self.ns, self.ps
+        p, c, ns, ps = self.c, self.c.cache, self.ns, self.ps
         need = -(-len(arr) // ps) * ps
         if p.alloc.available_size() < need:
             p.evict(min(p.evictable_size(), need * 8))
@@ -133,12 +120,6 @@ class SGLang:
         dt = time.perf_counter() - t0
         p.alloc.free(np.concatenate([slots[:got].numpy(), slots[a:].numpy()]))
         return ns.match_len(m), dt
-
-    def evictable(self):
-        return self.p.evictable_size()
-
-    def evict(self, n):
-        self.p.evict(n)
 
 
 ##### Measurements #####
@@ -165,7 +146,7 @@ class GcWatch:
 
 def replay(cache, reqs):
     lat, got = np.empty(len(reqs)), np.empty(len(reqs), np.int64)
-    with GcWatch() as g:
+    with GcWatch() as g:                   # pauses anywhere in the replay, timed span or not
         for i, arr in enumerate(reqs):
             got[i], lat[i] = cache.request(arr)
     row = dict(req=len(reqs), med_us=np.median(lat) * 1e6, p99_us=np.percentile(lat, 99) * 1e6,
@@ -187,9 +168,9 @@ def evict_cost(make, rng, leaves, calls):
     for _ in range(leaves):
         cache.request(rng.integers(0, 32000, 64))
     ts = []
-    while cache.evictable() >= 640 and len(ts) < calls:
+    while cache.c.evictable_size() >= 640 and len(ts) < calls:
         t0 = time.perf_counter()
-        cache.evict(640)
+        cache.c.evict(640)
         ts.append(time.perf_counter() - t0)
     return float(np.median(ts)) * 1e6 / 10
 
@@ -207,8 +188,7 @@ def impls(ps, versions, fast):
     return out
 
 
-def _holds_arrays(ns) -> bool:
-    """Newer SGLang releases keep prompts as array('q') (RadixKey.token_ids: array[int])."""
+def _holds_arrays(ns) -> bool:   # newer releases: RadixKey(token_ids: array[int])
     return "array" in str(getattr(ns.RadixKey.__init__, "__annotations__", {}).get("token_ids"))
 
 
@@ -223,18 +203,16 @@ def run(args, versions):
         cached = 200_000 if quick else 1_000_000
         caches = impls(ps, versions, not args.no_fast)
         for name, reqs in wl.items():
-            runs = {n: [] for n, _ in caches}
+            runs, big = {n: [] for n, _ in caches}, name == "1M cached"
             for _ in range(args.repeat):        # interleaved: machine noise hits every cache
                 for impl, make in caches:
-                    c = make(cached + 4_000_000 if name == "1M cached" else 4_000_000)
-                    if name == "1M cached":
-                        prefill(c, np.random.default_rng(1), cached)
+                    c = make(4_000_000 + cached * big)
+                    prefill(c, np.random.default_rng(1), cached * big)
                     gc.collect()
                     row, got = replay(c, reqs)
-                    if name == "1M cached":
-                        t0 = time.perf_counter()
-                        gc.collect()
-                        row["gc_full_ms"] = (time.perf_counter() - t0) * 1e3
+                    t0 = time.perf_counter()
+                    gc.collect()                # a full collection with the tree alive
+                    row["gc_full_ms"] = (time.perf_counter() - t0) * 1e3
                     runs[impl].append((row, got))
                     del c
                     gc.collect()
@@ -253,31 +231,28 @@ def run(args, versions):
 
 
 def run_evict(args, versions):
-    rows = []
-    for ps in (1, 16):
-        for impl, make in impls(ps, versions, False):
-            ours = impl == "pagedattn"
-            for leaves in ((1000, 8000) if args.quick else (1000, 8000, 32000)):
-                us = evict_cost(make, np.random.default_rng(2), leaves, 100 if ours else 10)
-                rows.append(dict(impl=impl, page=ps, leaves=leaves, us_per_leaf=us))
-                gc.collect()
+    rows = []   # SGLang heapifies every leaf in each call: fewer calls for it
+    for ps, (impl, make) in [(ps, i) for ps in (1, 16) for i in impls(ps, versions, False)]:
+        for leaves in ((1000, 8000) if args.quick else (1000, 8000, 32000)):
+            us = evict_cost(make, np.random.default_rng(2), leaves,
+                            100 if impl == "pagedattn" else 10)
+            rows.append(dict(impl=impl, page=ps, leaves=leaves, us_per_leaf=us))
+            gc.collect()
     return pd.DataFrame(rows)
 
 
 ##### Report #####
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "radix")
+TAB = dict(headers="keys", tablefmt="github", showindex=False, floatfmt=".3g")
 
 
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def git_commit() -> str:
@@ -298,10 +273,6 @@ def record_dir() -> str:
     day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     cpu = re.sub(r"[^a-z0-9]+", "-", cpu_model().lower()).strip("-")
     return os.path.join(RESULTS, f"{day}-{cpu}-{git_commit()}")
-
-
-def _table(df) -> str:
-    return tabulate(df, headers="keys", tablefmt="github", showindex=False, floatfmt=".3g")
 
 
 def summary(df, versions):
@@ -335,6 +306,11 @@ def targets(df, ev, versions, mism):
     lines.append(f"* <= 50 us/request at 1M cached tokens: {'PASS' if worst <= 50 else 'FAIL'} "
                  f"(mean {' / '.join(f'{v:.1f}' for v in m.mean_us)}, median "
                  f"{' / '.join(f'{v:.1f}' for v in m.med_us)} us at page 1 / 16)")
+    o = ours.set_index(["workload", "page"]).mean_us.unstack()
+    worse = o[o[16] > o[1]]
+    lines.append(f"* page 16 at least as fast as page 1 per request: "
+                 f"{'PASS' if worse.empty else 'FAIL'} (mean us p1 / p16: " + ", ".join(
+                     f"{w} {r[1]:.1f} / {r[16]:.1f}" for w, r in o.iterrows()) + ")")
     g = ours.gc_max_ms.max()
     lines.append(f"* no GC pause over 1 ms in any replay: {'PASS' if g <= 1 else 'FAIL'} "
                  f"(longest {g:.3f} ms)")
@@ -353,7 +329,7 @@ def report(df, ev, mism, versions, args, out, argv) -> str:
                          sort=False).reset_index()
     evw.columns = [c if isinstance(c, str) else f"us/leaf @{c}" for c in evw.columns]
     cols = ["workload", "page", "impl", "med_us", "p99_us", "mean_us", "req_s", "hit_rate",
-            "gc_max_ms", "gc_gen012", "mismatches"] + ["gc_full_ms"] * ("gc_full_ms" in df)
+            "gc_max_ms", "gc_gen012", "gc_full_ms", "mismatches"]
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     head = [f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit "
             f"{git_commit()}, CPU {cpu_model()} ({os.cpu_count()} cores, load {load} at the end)",
@@ -367,11 +343,11 @@ def report(df, ev, mism, versions, args, out, argv) -> str:
     text = "\n".join(["# Radix cache vs SGLang RadixCache", "", *[h + "  " for h in head], "",
                       "## Targets", "", targets(df, ev, versions, mism), "",
                       "## Plain lists (the engine call path), per request", "",
-                      _table(summary(df, versions)), "",
+                      tabulate(summary(df, versions), **TAB), "",
                       "## All rows (`keys)` rows: the fast path, keys encoded outside the span)",
-                      "", _table(df[cols]), "",
+                      "", tabulate(df[cols], **TAB), "",
                       "## evict: microseconds per leaf (median call of 10 leaves x 64 tokens)",
-                      "", _table(evw), ""])
+                      "", tabulate(evw, **TAB), ""])
     if out:
         os.makedirs(out, exist_ok=True)
         df.to_csv(os.path.join(out, "radix_bench.csv"), index=False)
@@ -391,18 +367,22 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=3, help="replays per cache and row; the "
                     "tables show the median of the runs (default: %(default)s)")
     ap.add_argument("--no-fast", action="store_true", help="skip the fast-path columns")
-    ap.add_argument("--record", action="store_true",
-                    help="write the results of record to bench/results/radix/<date>-<cpu>-<commit>/")
+    ap.add_argument("--record", action="store_true", help="write the results of record to "
+                    "bench/results/radix/<date>-<cpu>-<commit>/ (a clean checkout)")
     ap.add_argument("--out", help="write the results to this directory instead")
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="skip gc.freeze() of the startup heap (torch import: ~165k objects)")
     args = ap.parse_args(argv)
+    if args.record and git_commit().endswith(("-dirty", "nogit")):
+        sys.exit("--record: commit first (results of record name a commit)")
     versions = []
     for v in [] if args.sglang == "none" else args.sglang.split(","):
         try:
             versions.append(peer.load(peer.fetch(v)))
-        except peer.PeerUnavailable as e:
-            sys.exit(f"sglang {v}: {e}")
+        except peer.PeerUnavailable as e:   # results of record need every peer
+            if args.record:
+                sys.exit(f"sglang {v}: {e}")
+            print(f"sglang {v} not run: {e}", file=sys.stderr)
     print("SGLang peers: " + (", ".join(ns.version for ns in versions) or "none"),
           file=sys.stderr)
     if not args.no_gc_freeze:

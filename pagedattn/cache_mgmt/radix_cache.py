@@ -77,7 +77,10 @@ class RadixCache:
         self._index = EvictionIndex(eviction, self._time, self._hits)
         self._roots: dict = {}                  # extra_key -> root id
         self._ns: dict = {}                     # root id -> extra_key
-        self._cached = np.zeros(pool.size, dtype=bool)   # slots held by the tree
+        # The tree holds whole pages: a page's first slot stands for it in `_cached`.
+        self._cached = np.zeros(pool.size, dtype=bool)   # first slots of the pages held
+        self._offs = np.arange(page_size, dtype=np.int64)
+        self._tiled = np.tile(self._offs, 64)  # 0 .. page_size-1 repeated (insert's page check)
         self._clock = 0
         self._evictable = 0
         self._protected = 0
@@ -126,12 +129,11 @@ class RadixCache:
                 if c is None:
                     break
                 ck = keys[c]
-                kl = len(ck)
-                if key[pos:pos + kl] != ck:          # the match ends inside c: cut it there
+                if key.startswith(ck, pos, n):       # memcmp, no copy; c must end by n
+                    pos += len(ck)
+                else:                                # the match ends inside c: cut it there
                     c = self._split(c, self._common(ck, key, pos, n))
                     pos = n
-                else:
-                    pos += kl
                 time[c] = clock
                 if lfu:
                     self._hits[c] = self._hits.get(c, 0) + 1
@@ -324,11 +326,8 @@ class RadixCache:
     def _find(self, node: int, key: bytes, pos: int, n: int):
         """Read-only descent from `node` along `key[pos:n]` (page-aligned bounds). Returns
         (ids of the nodes matched whole, last of them or `node`, end of that match in key
-        bytes, node the match ends inside or 0, page-aligned bytes matched inside it).
-
-        NOTE: `key` may run past `n` by less than a page. A node key, a multiple of pages, that
-        would reach past `n` makes `key[pos:pos + kl]` shorter than itself, so it never matches
-        whole and the match ends inside it.
+        bytes, node the match ends inside or 0, page-aligned bytes matched inside it). A node
+        matches whole only if it ends by `n`, so the match never reaches the partial page.
         """
         kids, keys, pb, path = self._kids, self._key, self._pb, []
         while pos < n:
@@ -337,10 +336,9 @@ class RadixCache:
             if c is None:
                 break
             ck = keys[c]
-            kl = len(ck)
-            if key[pos:pos + kl] == ck:
+            if key.startswith(ck, pos, n):
                 path.append(c)
-                pos += kl
+                pos += len(ck)
                 node = c
                 continue
             return path, node, pos, c, self._common(ck, key, pos, n)

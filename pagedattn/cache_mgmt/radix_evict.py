@@ -185,7 +185,7 @@ def evict_leaves(cache, num_tokens: int) -> int:
     except BaseException:
         _reattach(cache, victims)
         raise
-    cache._cached[slots] = False
+    cache._cached[slots[::cache.page_size]] = False
     time, hits = cache._time, cache._hits
     for x, _ in victims:              # a victim is a leaf without locks: no kids/own entry
         del keys[x], vals[x], par[x], lock[x], time[x]

@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import ForeignId
 from .radix_node import _NIDS, _TB, MatchResult, encode_tokens
-from .token_pool import PagedTokenPool, as_slot_array
+from .token_pool import as_slot_array
 
 __all__ = ["insert_tokens"]
 
@@ -33,13 +33,12 @@ _pack = struct.pack
 def insert_tokens(c, tokens, indices, extra_key, start):
     """RadixCache.insert on cache `c`; returns (already cached tokens, the node ending the
     cached path (the new leaf if one was added), values of the nodes walked after `start`)."""
-    t = type(tokens)
-    if type(start) is MatchResult and tokens is start.source and (t is list or t is tuple):
-        key, have = start.key, len(start.key) >> 3
+    t, reused = type(tokens), False
+    if type(start) is MatchResult and tokens is start.source and (t is list or t is tuple) \
+            and len(tokens) >= len(start.key) >> 3:
+        key, have, reused = start.key, len(start.key) >> 3, True
         if len(tokens) > have:                 # appended to since the match
             key = key + encode_tokens(tokens[have:])
-        elif len(tokens) < have:
-            key = encode_tokens(tokens)
     elif t is list:
         try:
             key = _pack(f"{len(tokens)}q", *tokens)
@@ -60,7 +59,7 @@ def insert_tokens(c, tokens, indices, extra_key, start):
             from None
     node, pos = root, 0
     if start is not None:
-        node, pos = _resume(c, start, key, n, extra_key, root)
+        node, pos = _resume(c, start, key, n, extra_key, root, reused)
     top = node
     path, cut, m = [], 0, 0
     if root is not None:
@@ -69,7 +68,7 @@ def insert_tokens(c, tokens, indices, extra_key, start):
     new = None
     if end < n:
         new = idx[end >> 3:n >> 3]
-        _check_new_slots(c, new)
+        heads = _check_new_slots(c, new)
     # Checks done: from here on nothing raises.
     if root is None:
         node = top = root = c._root(extra_key)
@@ -104,18 +103,18 @@ def insert_tokens(c, tokens, indices, extra_key, start):
     else:
         kids[first] = leaf
     c._evictable += len(new)
-    c._cached[new] = True
+    c._cached[heads] = True
     index.add(leaf)
     return end >> 3, leaf, vals
 
 
-def _resume(c, start, key: bytes, n: int, extra_key, root):
+def _resume(c, start, key: bytes, n: int, extra_key, root, reused: bool):
     """(node, key position) where the walk may start, from `start`; ValueError when its prefix
-    is not a prefix of `key[:n]` in `extra_key`. A start node evicted since (or unknown) gives
-    the root: resuming is only a shortcut."""
+    is not a prefix of `key[:n]` in `extra_key` (`reused`: `key` extends the match's own key).
+    A start node evicted since (or unknown) gives the root: resuming is only a shortcut."""
     if type(start) is MatchResult and start.key:
         snode, end, skey = start.last_node, start.indices.shape[0] * _TB, start.key
-        if end > n or (key is not skey and key[:end] != skey[:end]):
+        if end > n or not (reused or key.startswith(skey if len(skey) == end else skey[:end])):
             raise ValueError(f"start: the match's {end // _TB}-token prefix is not a prefix of "
                              f"the {n // _TB} page-aligned tokens")
         if snode not in c._par:
@@ -155,26 +154,52 @@ def _resume(c, start, key: bytes, n: int, extra_key, root):
     return snode, end
 
 
-def _check_new_slots(c, new: np.ndarray) -> None:
-    """ForeignId unless every slot of `new` is in range, handed out by the pool, not in the
-    tree, and listed once; for a paged pool, whole pages (ValueError from `pages_of`)."""
-    pool = c.pool
-    if c.page_size > 1 and isinstance(pool, PagedTokenPool):
-        ids = pool.pages_of(new, "indices")    # whole pages: a page's head stands for it
-        probe, lim, what = new[::c.page_size], pool.size // c.page_size, "page"
+def _check_new_slots(c, new: np.ndarray):
+    """The first slot of each page of `new` after checking that the caller owns all of them:
+    whole pages (ValueError), in range, each listed once, handed out by the pool and not in
+    the tree (ForeignId). A page's first slot stands for the page in the masks: the pool hands
+    out and takes back whole pages, and the tree holds whole pages.
+
+    NOTE: each numpy call costs about half a microsecond whatever the size, so a few dozen
+    pages are checked in Python (set, min, max) instead of sorted with numpy.
+    """
+    pool, ps = c.pool, c.page_size
+    heads = new
+    if ps > 1:
+        if c._tiled.size < new.size:
+            c._tiled = np.tile(c._offs, 2 * new.size // ps)
+        rows = new - c._tiled[:new.size]       # whole pages: constant rows (the first slot)
+        rows.shape = (new.size // ps, ps)
+        if rows[:, 1:].tobytes() != rows[:, :-1].tobytes():
+            raise ValueError(f"indices: new slots are not whole pages of {ps} (each page "
+                             f"p * {ps} .. p * {ps} + {ps - 1}, in order)")
+        heads = new[::ps]
+    if heads.size <= 32:
+        hl = heads.tolist()
+        lo, hi, twice = min(hl), max(hl), len(set(hl)) < len(hl)
+        unaligned = ps > 1 and any(h % ps for h in hl)
     else:
-        ids, probe, lim, what = new, new, pool.size, "slot"
-    srt = np.sort(ids)                         # the range check and the duplicate check
-    if srt[0] < 0 or srt[-1] >= lim:
-        raise ForeignId(f"indices: {what} out of range [0, {lim}): min {srt[0]}, max {srt[-1]}")
-    if srt.size > 1 and np.count_nonzero(srt[1:] == srt[:-1]):
-        dup = srt[1:][srt[1:] == srt[:-1]][:8].tolist()
-        raise ForeignId(f"indices: {what}s {dup} are given twice")
+        srt = np.sort(heads)
+        lo, hi, twice = srt[0], srt[-1], bool(np.count_nonzero(srt[1:] == srt[:-1]))
+        unaligned = ps > 1 and bool(np.count_nonzero(heads % ps))
+    if unaligned:
+        raise ValueError(f"indices: new slots are not whole pages of {ps} (a page starts at a "
+                         f"multiple of {ps})")
+    if lo < 0 or hi >= pool.size:
+        raise ForeignId(f"indices: slot out of range [0, {pool.size}): min {lo}, max {hi}")
+    if twice:
+        raise ForeignId(f"indices: slots {_dups(heads)} are given twice")
     # NOTE: pool._is_free is the pool's per-slot free mask (token_pool.py, same package).
-    if np.count_nonzero(pool._is_free.take(probe)):
-        bad = probe[pool._is_free.take(probe)][:8].tolist()
+    if np.count_nonzero(pool._is_free.take(heads)):
+        bad = heads[pool._is_free.take(heads)][:8].tolist()
         raise ForeignId(f"indices: slots {bad} are free in the pool (never handed out, or "
                         f"freed)")
-    if np.count_nonzero(c._cached.take(probe)):
-        bad = probe[c._cached.take(probe)][:8].tolist()
+    if np.count_nonzero(c._cached.take(heads)):
+        bad = heads[c._cached.take(heads)][:8].tolist()
         raise ForeignId(f"indices: slots {bad} are already cached (under another key)")
+    return heads
+
+
+def _dups(a: np.ndarray) -> list:
+    srt = np.sort(a)
+    return srt[1:][srt[1:] == srt[:-1]][:8].tolist()

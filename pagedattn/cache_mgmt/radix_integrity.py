@@ -134,8 +134,9 @@ def check_radix_integrity(cache) -> None:
             _fail("R10: a slot is held by two tree nodes")
         if cache.pool.is_free(allslots).any():
             _fail("R10: the tree holds a slot that the pool lists as free")
-    if not np.array_equal(np.flatnonzero(cache._cached), np.sort(allslots)):
-        _fail("R10: the cached-slot mask differs from the slots in the tree")
+    heads = np.concatenate([v[::cache.page_size] for v in slots]) if slots else allslots
+    if not np.array_equal(np.flatnonzero(cache._cached), np.sort(heads)):
+        _fail("R10: the cached-page mask differs from the pages in the tree")
     cache.pool.check_integrity()
 
 
