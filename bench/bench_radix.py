@@ -19,6 +19,7 @@ import gc
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -145,12 +146,19 @@ class GcWatch:
 
 
 def replay(cache, reqs):
+    """Per-request spans. A request during which the OS switched this thread out (another
+    process took the core: involuntary context switches, RUSAGE_THREAD) is left out of the
+    statistics and counted in `switched`; collector pauses stay in."""
     lat, got = np.empty(len(reqs)), np.empty(len(reqs), np.int64)
+    keep = np.ones(len(reqs), bool)
     with GcWatch() as g:                   # pauses anywhere in the replay, timed span or not
         for i, arr in enumerate(reqs):
+            cs = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
             got[i], lat[i] = cache.request(arr)
-    row = dict(req=len(reqs), med_us=np.median(lat) * 1e6, p99_us=np.percentile(lat, 99) * 1e6,
-               mean_us=lat.mean() * 1e6, req_s=len(reqs) / lat.sum(),
+            keep[i] = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw == cs
+    k = lat[keep]
+    row = dict(req=len(reqs), switched=int((~keep).sum()), med_us=np.median(k) * 1e6,
+               p99_us=np.percentile(k, 99) * 1e6, mean_us=k.mean() * 1e6, req_s=len(k) / k.sum(),
                hit_rate=got.sum() / sum(len(r) for r in reqs), gc_max_ms=g.max * 1e3,
                gc_gen012="/".join(map(str, g.count)))
     return row, got
@@ -328,8 +336,8 @@ def report(df, ev, mism, versions, args, out, argv) -> str:
     evw = ev.pivot_table(index=["impl", "page"], columns="leaves", values="us_per_leaf",
                          sort=False).reset_index()
     evw.columns = [c if isinstance(c, str) else f"us/leaf @{c}" for c in evw.columns]
-    cols = ["workload", "page", "impl", "med_us", "p99_us", "mean_us", "req_s", "hit_rate",
-            "gc_max_ms", "gc_gen012", "gc_full_ms", "mismatches"]
+    cols = ["workload", "page", "impl", "med_us", "p99_us", "mean_us", "req_s", "switched",
+            "hit_rate", "gc_max_ms", "gc_gen012", "gc_full_ms", "mismatches"]
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     head = [f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit "
             f"{git_commit()}, CPU {cpu_model()} ({os.cpu_count()} cores, load {load} at the end)",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+import torch
 
 from .errors import ForeignId
 from .radix_node import _NIDS, _TB, MatchResult, encode_tokens
@@ -49,7 +50,12 @@ def insert_tokens(c, tokens, indices, extra_key, start):
     pb, n = c._pb, len(key)
     if pb != _TB:
         n -= n % pb
-    idx = as_slot_array(indices, "indices")
+    if type(indices) is torch.Tensor and indices.dtype is torch.int64 and indices.is_cpu:
+        idx = indices.numpy()                  # integer tensors never require grad
+        if idx.ndim != 1:
+            idx = as_slot_array(indices, "indices")
+    else:
+        idx = as_slot_array(indices, "indices")
     if idx.size * _TB < n:
         raise ValueError(f"indices: {idx.size} slots for {n // _TB} tokens to cache")
     try:
