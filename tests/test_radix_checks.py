@@ -2,6 +2,7 @@
 ownership, `start` prefixes), LFU vs LRU order, the split's LRU parity with SGLang, and one
 result for every token input type (list, tuple, numpy, tensor, bytes)."""
 import re
+from array import array
 
 import numpy as np
 import pytest
@@ -214,12 +215,14 @@ CONVERT = {
     "tensor int32": lambda t: torch.tensor(t, dtype=torch.int32),
     "tensor int64": lambda t: torch.tensor(t, dtype=torch.int64),
     "bytes": lambda t: np.array(t, np.int64).tobytes(),
+    "array q": lambda t: array("q", t), "array i": lambda t: array("i", t),
 }
 
 
 @pytest.mark.parametrize("ps", [1, 4])
 def test_every_token_type_gives_the_same_results(ps):
-    """One random sequence of match / lock / insert(start=) / unlock / evict per input type:
+    """One random sequence of match / lock / insert(start=) / unlock / evict per input type
+    (list, tuple, array.array, numpy and tensors of two dtypes, bytes):
     identical matches, insert results, trees and evictions."""
     logs, trees = {}, {}
     for kind, conv in CONVERT.items():

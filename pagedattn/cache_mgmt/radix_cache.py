@@ -98,8 +98,8 @@ class RadixCache:
     def match_prefix(self, tokens, *, extra_key=None) -> MatchResult:
         """Longest cached page-aligned prefix of `tokens` in namespace `extra_key`.
 
-        `tokens`: list/tuple of ints, integer numpy array or tensor, or `encode_tokens` bytes;
-        all give the same result. Mutates: may split the node where the match ends (at a page
+        `tokens`: list/tuple of ints, array.array, integer numpy array or tensor, or
+        `encode_tokens` bytes; all give the same result. Mutates: may split the node where the match ends (at a page
         boundary) so that `last_node` ends exactly at the prefix; touches the path (LRU time,
         LFU hits; the lower half of a split counts as touched, as in SGLang). Does not lock:
         call `inc_lock_ref(result.last_node)` before using `indices`.
@@ -157,8 +157,8 @@ class RadixCache:
 
         `start`: the MatchResult of `match_prefix` on a prefix of the same tokens and extra_key,
         or a `(node, prefix_len)` pair; the walk resumes at its node while that is in the tree
-        (e.g. locked), else at the root. Given the very list or tuple that was matched (changed
-        only by appending since), the match's encoding is reused instead of converting again.
+        (e.g. locked), else at the root. Given the very list, tuple or array.array that was
+        matched (changed only by appending since), the match's encoding is reused.
 
         Raises, changing nothing: ValueError for fewer slots than tokens or for a `start` whose
         prefix is not a prefix of `tokens` in `extra_key`; ForeignId for a new slot that is out

@@ -2,7 +2,8 @@
 
 Order of work, so that a failed call changes nothing:
 
-    1. key        the match's encoding when `tokens` is the very list it was made from
+    1. key        the match's encoding when `tokens` is the very list (tuple, array) it was
+                  made from
     2. checks     slot count; `start` (its prefix is a prefix of tokens, same namespace);
                   the read-only walk; the new slots it leaves to add (owned by the caller:
                   handed out by the pool, not in the tree, each once, whole pages)
@@ -18,6 +19,7 @@ Regions of `tokens` (E = end of the cached part, N = page-aligned length)::
 from __future__ import annotations
 
 import struct
+from array import array
 
 import numpy as np
 import torch
@@ -29,13 +31,14 @@ from .token_pool import as_slot_array
 __all__ = ["insert_tokens"]
 
 _pack = struct.pack
+_REUSABLE = (list, tuple, array)   # sequences whose encoding a match result carries
 
 
 def insert_tokens(c, tokens, indices, extra_key, start):
     """RadixCache.insert on cache `c`; returns (already cached tokens, the node ending the
     cached path (the new leaf if one was added), values of the nodes walked after `start`)."""
     t, reused = type(tokens), False
-    if type(start) is MatchResult and tokens is start.source and (t is list or t is tuple) \
+    if type(start) is MatchResult and tokens is start.source and t in _REUSABLE \
             and len(tokens) >= len(start.key) >> 3:
         key, have, reused = start.key, len(start.key) >> 3, True
         if len(tokens) > have:                 # appended to since the match

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+from array import array
 from typing import NamedTuple
 
 import numpy as np
@@ -26,9 +27,9 @@ def encode_tokens(tokens) -> bytes:
 
     Parameters
     ----------
-    tokens : list[int] | tuple[int] | numpy.ndarray | torch.Tensor | bytes
+    tokens : list[int] | tuple[int] | array.array | numpy.ndarray | torch.Tensor | bytes
         Token ids; arrays and tensors of any integer dtype (tensors on any device, copied to
-        the host), or bytes from an earlier call.
+        the host), or bytes from an earlier call. `array('q')` is copied as it is.
 
     Returns
     -------
@@ -60,6 +61,12 @@ def encode_tokens(tokens) -> bytes:
         if len(tokens) % _TB:
             raise ValueError(f"tokens: bytes length {len(tokens)} is not a multiple of 8")
         return tokens
+    if t is array:                             # newer SGLang schedulers hold array('q')
+        if tokens.typecode in "ql" and tokens.itemsize == _TB:
+            return tokens.tobytes()
+        if tokens.typecode in "fdu":
+            raise TypeError(f"tokens: expected integer token ids, got array('{tokens.typecode}')")
+        return np.asarray(tokens, dtype=np.int64).tobytes()
     if isinstance(tokens, np.ndarray):
         if tokens.size and tokens.dtype.kind not in "iu":
             raise TypeError(f"tokens: expected integer token ids, got dtype {tokens.dtype}")
@@ -84,7 +91,7 @@ class MatchResult(NamedTuple):
     last_node: int handle of the node ending the prefix (a namespace root on a miss).
     key: the whole query encoded (`encode_tokens`), reused by `insert(tokens, ..., start=m)`.
     source: the object passed as tokens (not copied); `insert` reuses `key` when it gets the
-        same list or tuple again.
+        same list, tuple or array.array again.
     root: the root of the namespace matched in.
     """
     indices: torch.Tensor
