@@ -30,6 +30,10 @@ from .token_pool import as_slot_array
 
 __all__ = ["insert_tokens"]
 
+try:   # NOTE: np.count_nonzero's Python-level dispatch costs 4x its C work on a few slots
+    from numpy._core.multiarray import count_nonzero as _nonzero
+except ImportError:  # pragma: no cover - other numpy layouts
+    _nonzero = np.count_nonzero
 _pack = struct.pack
 _REUSABLE = (list, tuple, array)   # sequences whose encoding a match result carries
 
@@ -188,9 +192,10 @@ def _check_new_slots(c, new: np.ndarray):
         lo, hi, twice = min(hl), max(hl), len(set(hl)) < len(hl)
         unaligned = ps > 1 and any(h % ps for h in hl)
     else:
-        srt = np.sort(heads)
-        lo, hi, twice = srt[0], srt[-1], bool(np.count_nonzero(srt[1:] == srt[:-1]))
-        unaligned = ps > 1 and bool(np.count_nonzero(heads % ps))
+        srt = heads.copy()                     # (np.sort adds a Python-level wrapper)
+        srt.sort()
+        lo, hi, twice = srt[0], srt[-1], bool(_nonzero(srt[1:] == srt[:-1]))
+        unaligned = ps > 1 and bool(_nonzero(heads % ps))
     if unaligned:
         raise ValueError(f"indices: new slots are not whole pages of {ps} (a page starts at a "
                          f"multiple of {ps})")
@@ -199,11 +204,11 @@ def _check_new_slots(c, new: np.ndarray):
     if twice:
         raise ForeignId(f"indices: slots {_dups(heads)} are given twice")
     # NOTE: pool._is_free is the pool's per-slot free mask (token_pool.py, same package).
-    if np.count_nonzero(pool._is_free.take(heads)):
+    if _nonzero(pool._is_free.take(heads)):
         bad = heads[pool._is_free.take(heads)][:8].tolist()
         raise ForeignId(f"indices: slots {bad} are free in the pool (never handed out, or "
                         f"freed)")
-    if np.count_nonzero(c._cached.take(heads)):
+    if _nonzero(c._cached.take(heads)):
         bad = heads[c._cached.take(heads)][:8].tolist()
         raise ForeignId(f"indices: slots {bad} are already cached (under another key)")
     return heads
