@@ -109,13 +109,20 @@ def test_insert_rejects_slots_it_does_not_own(ps, case):
     cache.check_integrity()
 
 
-def test_insert_rejects_partial_pages():
-    cache = RadixCache.create_simulated(64, page_size=4)
-    s = cache.pool.alloc(8)
+@pytest.mark.parametrize("ps", [3, 4])    # 3: not a power of two
+def test_insert_rejects_partial_pages(ps):
+    cache = RadixCache.create_simulated(16 * ps, page_size=ps)
+    s = cache.pool.alloc(2 * ps)
+    bad = [torch.cat([s[ps - 1:ps], s[ps:2 * ps - 1]]),   # the end of one page, most of the next
+           s[1:ps + 1],                                  # a run of ps slots, not page-aligned
+           torch.cat([s[ps:2 * ps - 1], s[ps - 1:ps]]),   # a page's slots out of order
+           s[:ps].flip(0)]
     before = state(cache)
-    with pytest.raises(ValueError, match="indices"):
-        cache.insert([5] * 4, torch.cat([s[2:4], s[4:6]]))    # half of two pages
+    for b in bad:
+        with pytest.raises(ValueError, match="whole pages"):
+            cache.insert([5] * ps, b)
     assert state(cache) == before
+    assert cache.insert([5] * ps, s[ps:]) == 0
 
 
 # ---------------------------------------------------------------- start=

@@ -179,26 +179,23 @@ def _check_new_slots(c, new: np.ndarray):
     pool, ps = c.pool, c.page_size
     heads = new
     if ps > 1:
+        # Whole pages in order: new[r*ps + j] == p_r*ps + j, i.e. x = new - (0..ps-1 tiled)
+        # repeats each page's start p_r*ps, a multiple of ps, ps times.
         if c._tiled.size < new.size:
             c._tiled = np.tile(c._offs, 2 * new.size // ps)
-        rows = new - c._tiled[:new.size]       # whole pages: constant rows (the first slot)
-        rows.shape = (new.size // ps, ps)
-        if rows[:, 1:].tobytes() != rows[:, :-1].tobytes():
+        x = new - c._tiled[:new.size]
+        starts = x[::ps] & -ps if ps & (ps - 1) == 0 else x[::ps] - x[::ps] % ps
+        if x.tobytes() != starts.repeat(ps).tobytes():
             raise ValueError(f"indices: new slots are not whole pages of {ps} (each page "
                              f"p * {ps} .. p * {ps} + {ps - 1}, in order)")
-        heads = new[::ps]
+        heads = starts                         # == new[::ps], and contiguous
     if heads.size <= 32:
         hl = heads.tolist()
         lo, hi, twice = min(hl), max(hl), len(set(hl)) < len(hl)
-        unaligned = ps > 1 and any(h % ps for h in hl)
     else:
         srt = heads.copy()                     # (np.sort adds a Python-level wrapper)
         srt.sort()
         lo, hi, twice = srt[0], srt[-1], bool(_nonzero(srt[1:] == srt[:-1]))
-        unaligned = ps > 1 and bool(_nonzero(heads % ps))
-    if unaligned:
-        raise ValueError(f"indices: new slots are not whole pages of {ps} (a page starts at a "
-                         f"multiple of {ps})")
     if lo < 0 or hi >= pool.size:
         raise ForeignId(f"indices: slot out of range [0, {pool.size}): min {lo}, max {hi}")
     if twice:
