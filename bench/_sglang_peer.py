@@ -1,93 +1,128 @@
-"""SGLang's Python RadixCache as a benchmark peer, loaded from an unpacked sglang wheel (issue 9).
+"""SGLang's Python RadixCache as a benchmark peer, run from a released sglang wheel.
 
-Importing `sglang.srt.mem_cache.radix_cache` normally pulls in the whole SGLang runtime. Here
-only five source files are executed, from the directory given at run time:
-
-    sglang/srt/mem_cache/unified_cache/component_type.py   (an Enum)
-    sglang/srt/mem_cache/evict_policy.py                   (LRU/LFU/... strategies)
-    sglang/srt/mem_cache/cache_init_params.py              (CacheInitParams)
-    sglang/srt/mem_cache/base_prefix_cache.py              (params/results, BasePrefixCache)
-    sglang/srt/mem_cache/radix_cache.py                    (RadixKey, TreeNode, RadixCache)
-
-Everything else they import (allocator/memory-pool types, KV events, metrics, runtime context,
-`mem_cache.utils`, `utils.common`) is replaced by the stub modules in `_stub_modules`, each
-holding only the names these files use. Stub packages have an empty `__path__`, so an import
-that is not stubbed fails at once instead of reaching the real runtime. The `sglang*` entries
-are removed from `sys.modules` again after loading. Nothing of SGLang is part of this repo.
-
-    pip download sglang --no-deps -d /tmp/sglang_whl
-    mkdir -p /tmp/sglang_src && unzip -q -o /tmp/sglang_whl/sglang-*.whl -d /tmp/sglang_src
-    PAGEDATTN_PEER_SGLANG=/tmp/sglang_src python bench/bench_radix.py --quick
-
-Uniform API: `make_peer(page_size)` -> `SGLangRadix` (match / insert / lock / unlock / evict);
-bench adapter: `peer_class(path)` -> a class with the interface of `bench_radix.Ours`.
+`fetch(version)` downloads the wheel with pip (`pip download --no-deps sglang==VERSION`;
+"latest": the newest release on the index) and extracts only the files run here into
+`<cache>/sglang-peer/<version>/` ($PAGEDATTN_CACHE_DIR, else ~/.cache/pagedattn). `load(root)`
+executes those files (`_REAL`) with stub modules for everything else they import (the union
+over supported releases; stub packages have an empty `__path__`, so an unstubbed import fails
+at once), then removes the `sglang*` modules again. Nothing of SGLang is part of this
+repository. docs/radix_peer.md has the details.
 """
 from __future__ import annotations
 
 import functools
 import importlib.util
 import os
+import re
+import subprocess
 import sys
-import time
+import tempfile
 import types
-from array import array
+import zipfile
 
-import numpy as np
 import torch
 
-ENV = "PAGEDATTN_PEER_SGLANG"
-_ANCHOR = os.path.join("sglang", "srt", "mem_cache", "radix_cache.py")
-_REAL = [  # (module name, path under the root), in load order
+from pagedattn import config
+
+VERSIONS = ("0.5.10.post1", "latest")   # a fixed reference release, and the newest
+_REAL = [  # (module name, path under the root, required)
     ("sglang.srt.mem_cache.unified_cache.component_type",
-     "sglang/srt/mem_cache/unified_cache/component_type.py"),
-    ("sglang.srt.mem_cache.evict_policy", "sglang/srt/mem_cache/evict_policy.py"),
-    ("sglang.srt.mem_cache.cache_init_params", "sglang/srt/mem_cache/cache_init_params.py"),
-    ("sglang.srt.mem_cache.base_prefix_cache", "sglang/srt/mem_cache/base_prefix_cache.py"),
-    ("sglang.srt.mem_cache.radix_cache", "sglang/srt/mem_cache/radix_cache.py"),
+     "sglang/srt/mem_cache/unified_cache/component_type.py", False),
+    ("sglang.srt.mem_cache.evict_policy", "sglang/srt/mem_cache/evict_policy.py", True),
+    ("sglang.srt.mem_cache.cache_init_params", "sglang/srt/mem_cache/cache_init_params.py", True),
+    ("sglang.srt.mem_cache.base_prefix_cache", "sglang/srt/mem_cache/base_prefix_cache.py", True),
+    ("sglang.srt.mem_cache.radix_cache", "sglang/srt/mem_cache/radix_cache.py", True),
 ]
 _PACKAGES = ["sglang", "sglang.srt", "sglang.srt.mem_cache", "sglang.srt.mem_cache.unified_cache",
-             "sglang.srt.utils", "sglang.srt.observability"]
-_HOW = (f"unpack an sglang wheel (pip download sglang --no-deps -d /tmp/sglang_whl; "
-        f"unzip -q /tmp/sglang_whl/sglang-*.whl -d /tmp/sglang_src) and pass that directory "
-        f"(--peer-path or ${ENV})")
+             "sglang.srt.utils", "sglang.srt.observability", "sglang.srt.disaggregation"]
+_VERSION_FILE = "SGLANG_VERSION"
 
 
 class PeerUnavailable(ImportError):
-    """SGLang's radix cache cannot be loaded from the given path (missing, or internals changed)."""
+    """SGLang's radix cache cannot be fetched or loaded (offline, or its internals changed)."""
 
 
-##### Locating and loading SGLang's files #####
+##### Fetching a release #####
 
 
-def find_root(path: str | None = None) -> str:
-    """The directory holding `sglang/srt/mem_cache/radix_cache.py`: `path`, else
-    $PAGEDATTN_PEER_SGLANG, else the first `sys.path` entry that has it (bench_radix's hook
-    puts --peer-path there)."""
-    path = path or os.environ.get(ENV)
-    if path:
-        path = os.path.abspath(os.path.expanduser(path))
-        if path.endswith(".whl"):
-            raise PeerUnavailable(f"{path} is a wheel file, not a directory: {_HOW}")
-        for root in (path, os.path.dirname(path)):   # the unpacked dir, or its sglang/ inside
-            if os.path.isfile(os.path.join(root, _ANCHOR)):
-                return root
-        raise PeerUnavailable(f"no {_ANCHOR} under {path}: {_HOW}")
-    for p in sys.path:
-        if p and os.path.isfile(os.path.join(p, _ANCHOR)):
-            return os.path.abspath(p)
-    raise PeerUnavailable(f"no SGLang path given: {_HOW}")
+def cache_root() -> str:
+    """Where fetched releases live: $PAGEDATTN_CACHE_DIR/sglang-peer, else
+    $XDG_CACHE_HOME/pagedattn/sglang-peer or ~/.cache/pagedattn/sglang-peer."""
+    base = config.get("PAGEDATTN_CACHE_DIR")
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "pagedattn")
+    return os.path.join(base, "sglang-peer")
 
 
-def sglang_version(root: str) -> str:
-    for name in sorted(os.listdir(root)):
-        if name.startswith("sglang-") and name.endswith(".dist-info"):
-            return name[len("sglang-"):-len(".dist-info")]
-    return "unknown"
+def _pip(*args: str) -> str:
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True,
+                             text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise PeerUnavailable(f"pip {' '.join(args)}: {e}") from e
+    if out.returncode:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise PeerUnavailable(f"pip {' '.join(args)} failed: {tail[0]}")
+    return out.stdout
+
+
+@functools.lru_cache(maxsize=None)
+def latest_version() -> str:
+    """The newest sglang release on the package index (`pip index versions sglang`)."""
+    m = re.search(r"^sglang \(([^)]+)\)", _pip("index", "versions", "sglang"), re.M)
+    if not m:
+        raise PeerUnavailable("pip index versions sglang: no version in its answer")
+    return m.group(1)
+
+
+def fetch(version: str) -> str:
+    """Directory holding the extracted radix-cache files of sglang `version` ("latest": the
+    newest release); downloads the wheel with pip when it is not cached yet. Raises
+    PeerUnavailable with the reason (no network, no such release, a wheel without the files)."""
+    if version == "latest":
+        version = latest_version()
+    root = os.path.join(cache_root(), version)
+    if os.path.isfile(os.path.join(root, _VERSION_FILE)):
+        return root
+    with tempfile.TemporaryDirectory() as tmp:
+        _pip("download", "--no-deps", "--no-cache-dir", "-q", "-d", tmp, f"sglang=={version}")
+        wheels = [f for f in os.listdir(tmp) if f.endswith(".whl")]
+        if len(wheels) != 1:
+            raise PeerUnavailable(f"pip download sglang=={version}: got {wheels}, not one wheel")
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        staging = tempfile.mkdtemp(dir=os.path.dirname(root))
+        with zipfile.ZipFile(os.path.join(tmp, wheels[0])) as z:
+            names = set(z.namelist())
+            for _, rel, required in _REAL:
+                if rel in names:
+                    z.extract(rel, staging)
+                elif required:
+                    raise PeerUnavailable(f"sglang {version} wheel has no {rel}")
+        with open(os.path.join(staging, _VERSION_FILE), "w") as f:
+            f.write(version + "\n")
+    try:
+        os.rename(staging, root)
+    except OSError:           # another process fetched it first
+        if not os.path.isfile(os.path.join(root, _VERSION_FILE)):
+            raise
+    return root
+
+
+def version_of(root: str) -> str:
+    try:
+        with open(os.path.join(root, _VERSION_FILE)) as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+##### Loading SGLang's files #####
 
 
 @functools.lru_cache(maxsize=None)
 def load(root: str) -> types.SimpleNamespace:
-    """SGLang's radix-cache classes, executed from the files under `root` (see module docstring).
+    """SGLang's radix-cache classes, executed from the files under `root` (module docstring).
 
     Returns a namespace with RadixCache, RadixKey, MatchPrefixParams, InsertParams, EvictParams
     and version. Raises PeerUnavailable naming the file and symbol when SGLang's internals no
@@ -99,20 +134,29 @@ def load(root: str) -> types.SimpleNamespace:
     mods = {}
     try:
         sys.modules.update(_stub_modules(mods))
-        for name, rel in _REAL:
-            mods[name] = _exec_file(name, os.path.join(root, rel))
+        for name, rel, required in _REAL:
+            path = os.path.join(root, rel)
+            if required or os.path.isfile(path):
+                mods[name] = _exec_file(name, path)
     finally:
         for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
             del sys.modules[k]
         sys.modules.update(saved)
     radix = mods["sglang.srt.mem_cache.radix_cache"]
     base = mods["sglang.srt.mem_cache.base_prefix_cache"]
-    ns = types.SimpleNamespace(version=sglang_version(root), root=root)
+    ns = types.SimpleNamespace(version=version_of(root), root=root)
     for mod, attr in [(radix, "RadixCache"), (radix, "RadixKey"), (base, "MatchPrefixParams"),
                       (base, "InsertParams"), (base, "EvictParams")]:
         if not hasattr(mod, attr):
             raise PeerUnavailable(f"SGLang internals changed: {mod.__file__} has no {attr}")
         setattr(ns, attr, getattr(mod, attr))
+    fields = getattr(getattr(base, "MatchResult", None), "_fields", ())
+    if "device_prefix_len" in fields:        # newer releases: the length, indices on demand
+        ns.match_len = lambda m: m.device_prefix_len
+    elif "device_indices" in fields:
+        ns.match_len = lambda m: len(m.device_indices)
+    else:
+        raise PeerUnavailable(f"SGLang internals changed: MatchResult fields {fields}")
     _smoke(ns)
     return ns
 
@@ -140,10 +184,10 @@ def _smoke(ns) -> None:
     try:
         alloc = SlotAllocator(16, 1)
         c = ns.RadixCache.create_simulated(mock_allocator=alloc, page_size=1)
-        key = ns.RadixKey(array("q", [1, 2, 3, 4]))
-        got = c.insert(ns.InsertParams(key=key, value=alloc.alloc(4))).prefix_len
-        m = c.match_prefix(ns.MatchPrefixParams(key=ns.RadixKey(array("q", [1, 2, 9]))))
-        n, node = m.device_prefix_len, m.last_device_node
+        got = c.insert(ns.InsertParams(key=ns.RadixKey([1, 2, 3, 4]),
+                                       value=alloc.alloc(4))).prefix_len
+        m = c.match_prefix(ns.MatchPrefixParams(key=ns.RadixKey([1, 2, 9])))
+        n, node = ns.match_len(m), m.last_device_node
         c.inc_lock_ref(node)
         c.dec_lock_ref(node)
         c.evict(ns.EvictParams(num_tokens=4))
@@ -157,7 +201,7 @@ def _smoke(ns) -> None:
                               f"(expected 0, 2, 0, 16)")
 
 
-##### Stub modules (only the names the five files use) #####
+##### Stub modules (only the names the loaded files use) #####
 
 
 def _module(name: str, package: bool = False, **attrs) -> types.ModuleType:
@@ -190,7 +234,7 @@ class _NoEvents:
         raise AttributeError(name)
 
 
-class _LoRANames:
+class _Inert:
     def __init__(self, *a, **k):
         pass
 
@@ -216,18 +260,23 @@ def _split_hashes(hashes, split_len: int, page_size: int):
 
 
 def _stub_modules(real: dict) -> dict:
-    """Stub modules by name; `real` maps names to the real modules loaded so far."""
+    """Stub modules by name (the union over supported releases); `real` maps names to the real
+    modules loaded so far."""
     mods = {n: _module(n, package=True) for n in _PACKAGES}
     p = "sglang.srt."
     for name, attrs in {
         p + "mem_cache.allocator": dict(BaseTokenToKVPoolAllocator=type(
             "BaseTokenToKVPoolAllocator", (), {})),
         p + "mem_cache.memory_pool": dict(ReqToTokenPool=type("ReqToTokenPool", (), {})),
-        p + "mem_cache.events": dict(KVCacheEventRecorder=_NoEvents, LoRANameTable=_LoRANames,
-                                      KvEventLoraNames=_LoRANames),
+        p + "mem_cache.events": dict(KVCacheEventRecorder=_NoEvents, LoRANameTable=_Inert,
+                                      KvEventLoraNames=_Inert),
         p + "mem_cache.utils": dict(
             get_eviction_strategy=functools.partial(_eviction_strategy, real),
-            split_node_hash_value=_split_hashes),
+            split_node_hash_value=_split_hashes, convert_to_bigram_key=_off("EAGLE bigram keys")),
+        p + "mem_cache.hicache_storage": dict(get_hash_str=_off("KV event hashes"),
+                                              hash_str_to_int64=_off("KV event hashes")),
+        p + "disaggregation.kv_events": dict(MEDIUM_GPU="GPU", AllBlocksCleared=_Inert,
+                                              BlockRemoved=_Inert, BlockStored=_Inert),
         p + "utils.common": dict(ceil_align=lambda x, y: -(-x // y) * y),
         p + "observability.metrics_collector": dict(
             STAT_LOGGER_ROLE_RADIX_CACHE="radix_cache", RadixCacheMetricsCollector=None,
@@ -243,11 +292,10 @@ def _stub_modules(real: dict) -> dict:
 
 
 class SlotAllocator:
-    """What SGLang's RadixCache calls on its allocator (`device`, `free_segment`), plus `alloc`.
-
-    A free list of pages like SGLang's PagedTokenToKVPoolAllocator (page_size 1: one slot per
-    page); slots of page p are [p * page_size, (p + 1) * page_size). Free pages are kept as a
-    stack of chunks: `free` pushes one (O(1) inside evict), `alloc` takes from the top.
+    """What SGLang's RadixCache calls on its allocator (`device`, `free`, `free_segment`), plus
+    `alloc`. A free list of pages like SGLang's PagedTokenToKVPoolAllocator (page_size 1: one
+    slot per page); slots of page p are [p * page_size, (p + 1) * page_size). Free pages are kept
+    as a stack of chunks: `free` pushes one (O(1) inside evict), `alloc` takes from the top.
     NOTE: never concatenate the whole free list per call: copying a 4M-slot list between two
     timed requests flushes the CPU caches and made SGLang look 3x slower than it is.
     """
@@ -303,28 +351,27 @@ class SlotAllocator:
 class SGLangRadix:
     """SGLang's RadixCache behind the small API the benchmark and the cross-check use.
 
-    Tokens are int64 numpy arrays (or int sequences); slots are int64 tensors from `self.alloc`.
+    Tokens are plain lists of ints (what SGLang's scheduler holds); slots are int64 tensors
+    from `self.alloc`.
     """
 
     def __init__(self, ns, size: int, page_size: int):
-        self.ns, self.page_size = ns, page_size
+        self.ns, self.page_size, self.version = ns, page_size, ns.version
         self.alloc = SlotAllocator(size, page_size)
         self.cache = ns.RadixCache.create_simulated(mock_allocator=self.alloc, page_size=page_size)
 
-    def key(self, tokens):
-        """SGLang's RadixKey over array('q'); build it once per request, outside any timer."""
-        return self.ns.RadixKey(array("q", np.ascontiguousarray(tokens, np.int64).tobytes()))
-
     def match(self, tokens):
-        """(matched tokens, handle): may split a node; does not lock. `tokens` may be a key."""
-        key = tokens if isinstance(tokens, self.ns.RadixKey) else self.key(tokens)
-        m = self.cache.match_prefix(self.ns.MatchPrefixParams(key=key))
-        return m.device_prefix_len, m.last_device_node
+        """(matched tokens, handle): may split a node; does not lock."""
+        m = self.cache.match_prefix(self.ns.MatchPrefixParams(key=self.ns.RadixKey(tokens)))
+        return self.ns.match_len(m), m.last_device_node
 
     def insert(self, tokens, slots) -> int:
         """Cache tokens[:L] -> slots[:L] (L page-aligned); returns how many were already cached
         (the caller frees its duplicate slots[:returned] and its partial page slots[L:])."""
-        key = tokens if isinstance(tokens, self.ns.RadixKey) else self.key(tokens)
+        n = len(tokens) - len(tokens) % self.page_size     # SGLang inserts page-aligned keys
+        if n < len(tokens):
+            tokens, slots = tokens[:n], slots[:n]
+        key = self.ns.RadixKey(tokens)
         return self.cache.insert(self.ns.InsertParams(key=key, value=slots)).prefix_len
 
     def lock(self, handle) -> None:
@@ -341,58 +388,12 @@ class SGLangRadix:
         return self.cache.evictable_size()
 
 
-def make_peer(page_size: int, *, size: int = 4_000_000, path: str | None = None) -> SGLangRadix:
-    """SGLang's RadixCache over a `size`-slot SlotAllocator; PeerUnavailable with the reason."""
-    return SGLangRadix(load(find_root(path)), size, page_size)
+def make_peer(page_size: int, *, size: int = 4_000_000, version: str = VERSIONS[0]) \
+        -> SGLangRadix:
+    """SGLang `version`'s RadixCache over a `size`-slot SlotAllocator (fetched with pip when not
+    cached); PeerUnavailable with the reason."""
+    return SGLangRadix(load(fetch(version)), size, page_size)
 
 
-##### bench_radix adapter (the interface of bench_radix.Ours) #####
-
-
-def peer_class(path: str | None = None) -> type:
-    """A bench_radix cache class for SGLang under `path`; loads (and checks) SGLang now."""
-    ns = load(find_root(path))
-
-    class SGLangPeer:
-        name = f"sglang-{ns.version}"
-
-        def __init__(self, size, page_size):
-            self.p, self.ps = SGLangRadix(ns, size, page_size), page_size
-
-        def request(self, toks):
-            """Same steps and timer span as Ours.request: match, lock, insert, unlock.
-
-            NOTE: SGLang's insert walks from the root again (it has no resume-from-match
-            argument), as its cache_finished_req does; ours resumes at the matched node.
-            """
-            p, c, ps = self.p, self.p.cache, self.ps
-            need = -(-len(toks) // ps) * ps
-            if p.alloc.available_size() < need:
-                p.evict(min(p.evictable_size(), need * 8))
-            slots = p.alloc.alloc(need)
-            key = p.key(toks)
-            t0 = time.perf_counter()
-            m = c.match_prefix(ns.MatchPrefixParams(key=key))
-            c.inc_lock_ref(m.last_device_node)
-            got = c.insert(ns.InsertParams(key=key, value=slots)).prefix_len
-            c.dec_lock_ref(m.last_device_node)
-            dt = time.perf_counter() - t0
-            a = len(toks) - len(toks) % ps
-            p.alloc.free(torch.cat([slots[:got], slots[a:]]))
-            return m.device_prefix_len, dt
-
-        def evictable(self):
-            return self.p.evictable_size()
-
-        def evict(self, n):
-            self.p.evict(n)
-
-    return SGLangPeer
-
-
-def __getattr__(name):
-    # bench_radix's hook does `from _sglang_peer import SGLangPeer` after putting --peer-path on
-    # sys.path: resolve it then, so a bad path fails at import time with the reason.
-    if name == "SGLangPeer":
-        return peer_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["VERSIONS", "PeerUnavailable", "cache_root", "latest_version", "fetch", "version_of",
+           "load", "SlotAllocator", "SGLangRadix", "make_peer"] 

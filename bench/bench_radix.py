@@ -1,46 +1,47 @@
-"""Radix prefix cache benchmark: serving-workload replay through RadixCache (CPU, one core).
+"""Radix prefix cache benchmark: ours side by side with SGLang's own RadixCache, same requests.
 
-Per request it times match_prefix + inc_lock_ref + insert + dec_lock_ref (slot allocation and
-freeing outside the timer), and reports matched tokens/s, latency median/p99/max, hit rate and
-prefill tokens saved, for workloads
-  (a) 1,000 requests sharing a 3,000-token system prompt + 50-200 unique tokens,
-  (b) 200 conversations x 8 turns (history re-sent every turn),
-  (c) tree-search branches (shared problem prefix, 4-way branching, depth 4),
-plus latency with 1 M tokens already cached, evict cost vs number of leaves (per call of 10
-leaves and per leaf), the longest garbage-collector pause seen (gc.callbacks), and the cost of
-one full collector pass with the 1 M-token tree alive (what a generation-2 collection would
-stall a request by; it grows with the number of GC-tracked objects). Page sizes 1 and 16.
+One span per request and cache: match_prefix, inc_lock_ref, insert, dec_lock_ref, on a plain
+Python list built before the span (docs/radix_peer.md: what each cache gets, what is outside).
+Rows, at page sizes 1 and 16: few-shot (1,000 requests, a shared 3,000-token prompt + 50-200
+tokens), multi-turn (200 conversations x 8 turns), tree search (10 problems, 500-token trunk,
+4-way to depth 4), 1M cached (multi-turn 200 x 4 on a tree holding 1,000,000 tokens). Also the
+fast path (keys encoded outside the span), evict per leaf at 1k/8k/32k leaves, the longest
+collector pause per replay (gc.callbacks), a full collection with the 1M-token tree alive.
 
-Peer: SGLang's RadixCache, only when importable from `--peer-path DIR` or $PAGEDATTN_PEER_SGLANG
-(an unpacked sglang wheel; nothing of SGLang is part of this repo).
-
-    python bench/bench_radix.py [--quick] [--out DIR] [--peer-path DIR]
+    python bench/bench_radix.py --record            # results of record, bench/results/radix/
+    python bench/bench_radix.py --quick --sglang none
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
 import os
+import platform
+import re
+import resource
+import subprocess
 import sys
 import time
+from array import array
 
 import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import _sglang_peer as peer  # noqa: E402
 from pagedattn.cache_mgmt.radix_cache import RadixCache  # noqa: E402
 
-##### Workloads (lists of token arrays, in arrival order) #####
+##### Workloads (lists of int64 arrays, in arrival order) #####
 
-
-def workload_a(rng, n_req=1000, sys_len=3000):
+def few_shot(rng, n_req=1000, sys_len=3000):
     system = rng.integers(0, 32000, sys_len)
     return [np.concatenate([system, rng.integers(0, 32000, rng.integers(50, 201))])
             for _ in range(n_req)]
 
 
-def workload_b(rng, n_conv=200, turns=8):
+def multi_turn(rng, n_conv=200, turns=8):
     hist = [rng.integers(0, 32000, rng.integers(100, 300)) for _ in range(n_conv)]
     out = []
     for _ in range(turns):
@@ -51,7 +52,7 @@ def workload_b(rng, n_conv=200, turns=8):
     return out
 
 
-def workload_c(rng, n_prob=10, depth=4, fan=4):
+def tree_search(rng, n_prob=10, depth=4, fan=4):
     out = []
     for _ in range(n_prob):
         level = [rng.integers(0, 32000, 500)]
@@ -62,162 +63,337 @@ def workload_c(rng, n_prob=10, depth=4, fan=4):
     return out
 
 
-##### Adapters: one request through a cache #####
+##### Adapters: one request through a cache, timed span only #####
+
+KEYS = {"list": lambda a: a.tolist(), "bytes": lambda a: a.tobytes(),
+        "array": lambda a: array("q", a.tobytes())}   # token forms, made before the span
 
 
 class Ours:
-    name = "pagedattn"
+    """`c`: the cache (evictable_size, evict); `keys`: the token form (KEYS) it is given."""
 
-    def __init__(self, size, page_size):
+    def __init__(self, size, page_size, keys="list"):
         self.c = RadixCache.create_simulated(size, page_size=page_size)
-        self.pool, self.ps = self.c.pool, page_size
+        self.pool, self.ps, self.keys = self.c.pool, page_size, KEYS[keys]
 
-    def request(self, toks):
-        """Returns (matched tokens, seconds timed)."""
+    def request(self, arr):
+        """Returns (matched tokens, seconds in the span)."""
         c, ps = self.c, self.ps
-        need = -(-len(toks) // ps) * ps
+        need = -(-len(arr) // ps) * ps
         if self.pool.available_size() < need:
             c.evict(min(c.evictable_size(), need * 8))
         slots = self.pool.alloc(need)
-        key = toks.tobytes()
+        toks = self.keys(arr)
         t0 = time.perf_counter()
-        m = c.match_prefix(key)
+        m = c.match_prefix(toks)
         c.inc_lock_ref(m.last_node)
-        got = c.insert(key, slots, start=m)
+        got = c.insert(toks, slots, start=m)
         c.dec_lock_ref(m.last_node)
         dt = time.perf_counter() - t0
-        a = len(toks) - len(toks) % ps
+        a = len(arr) - len(arr) % ps
         self.pool.free(np.concatenate([slots[:got].numpy(), slots[a:].numpy()]))
         return len(m.indices), dt
 
-    def evictable(self):
-        return self.c.evictable_size()
 
-    def evict(self, n):
-        self.c.evict(n)
+class SGLang:
+    """`c`: SGLangRadix (evictable_size, evict); `keys`: the token form (KEYS) it is given."""
 
+    def __init__(self, ns, size, page_size, keys="list"):
+        self.c = peer.SGLangRadix(ns, size, page_size)
+        self.ns, self.ps, self.keys = ns, page_size, KEYS[keys]
 
-def load_peer(path):
-    """SGLang's RadixCache adapter class (bench/_sglang_peer.py), or None with the reason printed.
-
-    path: an unpacked SGLang wheel (see docs/radix_peer.md); only its radix files are loaded.
-    """
-    if not path:
-        return None
-    try:
-        from bench._sglang_peer import peer_class  # the repo root is on sys.path
-        return peer_class(path)  # loads and checks SGLang's files now
-    except ImportError as e:  # PeerUnavailable is an ImportError
-        print(f"peer: SGLang RadixCache not available from {path}: {e}")
-        return None
+    def request(self, arr):
+        p, c, ns, ps = self.c, self.c.cache, self.ns, self.ps
+        need = -(-len(arr) // ps) * ps
+        if p.alloc.available_size() < need:
+            p.evict(min(p.evictable_size(), need * 8))
+        slots = p.alloc.alloc(need)
+        toks = self.keys(arr)
+        a = len(arr) - len(arr) % ps
+        t0 = time.perf_counter()
+        m = c.match_prefix(ns.MatchPrefixParams(key=ns.RadixKey(toks)))
+        node = m.last_device_node
+        c.inc_lock_ref(node)
+        if a < len(toks):                  # SGLang inserts page-aligned keys and values
+            key, val = ns.RadixKey(toks[:a]), slots[:a]
+        else:
+            key, val = ns.RadixKey(toks), slots
+        got = c.insert(ns.InsertParams(key=key, value=val)).prefix_len
+        c.dec_lock_ref(node)
+        dt = time.perf_counter() - t0
+        p.alloc.free(np.concatenate([slots[:got].numpy(), slots[a:].numpy()]))
+        return ns.match_len(m), dt
 
 
 ##### Measurements #####
 
-
 class GcWatch:
-    """Longest collector pause while active (gc.callbacks)."""
+    """Longest collector pause and collections per generation while active (gc.callbacks)."""
 
     def __enter__(self):
-        self.max, self.n2, self._t = 0.0, 0, 0.0
+        self.max, self.count, self._t = 0.0, [0, 0, 0], 0.0
         gc.callbacks.append(self._cb)
         return self
 
     def _cb(self, phase, info):
         if phase == "start":
             self._t = time.perf_counter()
-        else:
-            self.max = max(self.max, time.perf_counter() - self._t)
-            self.n2 += info["generation"] == 2
+            return
+        self.max = max(self.max, time.perf_counter() - self._t)
+        self.count[info["generation"]] += 1
 
     def __exit__(self, *a):
         gc.callbacks.remove(self._cb)
 
 
 def replay(cache, reqs):
-    lat, matched, total = np.empty(len(reqs)), 0, 0
-    with GcWatch() as g:
-        for i, toks in enumerate(reqs):
-            m, dt = cache.request(toks)
-            lat[i] = dt
-            matched += m
-            total += len(toks)
-    return dict(req=len(reqs), matched_Mtok_s=matched / lat.sum() / 1e6,
-                med_us=np.median(lat) * 1e6, p99_us=np.percentile(lat, 99) * 1e6,
-                max_us=lat.max() * 1e6, hit_rate=matched / total, saved_tok=matched,
-                gc_max_ms=g.max * 1e3, gc_full=g.n2)
+    """Per-request spans. A request during which the OS switched this thread out (another
+    process took the core: involuntary context switches, RUSAGE_THREAD) is left out of the
+    statistics and counted in `switched`; collector pauses stay in."""
+    lat, got = np.empty(len(reqs)), np.empty(len(reqs), np.int64)
+    keep = np.ones(len(reqs), bool)
+    with GcWatch() as g:                   # pauses anywhere in the replay, timed span or not
+        for i, arr in enumerate(reqs):
+            cs = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+            got[i], lat[i] = cache.request(arr)
+            keep[i] = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw == cs
+    k = lat[keep]
+    row = dict(req=len(reqs), switched=int((~keep).sum()), med_us=np.median(k) * 1e6,
+               p99_us=np.percentile(k, 99) * 1e6, mean_us=k.mean() * 1e6, req_s=len(k) / k.sum(),
+               hit_rate=got.sum() / sum(len(r) for r in reqs), gc_max_ms=g.max * 1e3,
+               gc_gen012="/".join(map(str, g.count)))
+    return row, got
 
 
-def latency_at_1m(cls, ps, rng, quick):
-    cached = 200_000 if quick else 1_000_000
-    cache = cls(cached + 400_000, ps)
-    for _ in range(cached // 500):
+def prefill(cache, rng, tokens):   # `tokens` tokens of unrelated 500-token prompts
+    for _ in range(tokens // 500):
         cache.request(rng.integers(0, 32000, 500))
-    reqs = workload_b(rng, n_conv=50 if quick else 200, turns=4)
-    row = replay(cache, reqs)
-    row["cached_tok"] = cached
-    t0 = time.perf_counter()
-    gc.collect()
-    row["gc_pass_ms"] = (time.perf_counter() - t0) * 1e3
-    return row
 
 
-def evict_cost(cls, ps, rng, leaves):
-    cache = cls(leaves * 64 + 64_000, ps)
+def evict_cost(make, rng, leaves, calls):
+    """Median microseconds per leaf of evict calls that each take 10 leaves of 64 tokens."""
+    cache = make(leaves * 64 + 64_000)
     for _ in range(leaves):
         cache.request(rng.integers(0, 32000, 64))
-    t, n = 0.0, 0
-    while cache.evictable() >= 640 and n < 200:
+    ts = []
+    while cache.c.evictable_size() >= 640 and len(ts) < calls:
         t0 = time.perf_counter()
-        cache.evict(640)                      # 10 leaves per call
-        t += time.perf_counter() - t0
-        n += 1
-    return t / max(n, 1) * 1e6
+        cache.c.evict(640)
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts)) * 1e6 / 10
+
+
+def impls(ps, versions, fast):
+    """(name, factory(size)) for every cache in the run, ours first. SGLang gets array keys
+    where its RadixKey holds array[int] (what its scheduler keeps)."""
+    out = [("pagedattn", lambda s: Ours(s, ps))]
+    out += [(f"pagedattn ({k} keys)", lambda s, k=k: Ours(s, ps, k)) for k in
+            ("bytes", "array") if fast]
+    for ns in versions:
+        arrays = "array" in str(ns.RadixKey.__init__.__annotations__.get("token_ids"))
+        out += [(f"sglang {ns.version}" + " (array keys)" * (k == "array"),
+                 lambda s, ns=ns, k=k: SGLang(ns, s, ps, k))
+                for k in ("list", "array") if k == "list" or (fast and arrays)]
+    return out
+
+
+def run(args, versions):
+    quick, rows, mism = args.quick, [], []
+    for ps in (1, 16):
+        rng = np.random.default_rng(0)
+        wl = {"few-shot": few_shot(rng, n_req=300 if quick else 1000),
+              "multi-turn": multi_turn(rng, n_conv=60 if quick else 200),
+              "tree search": tree_search(rng, n_prob=3 if quick else 10),
+              "1M cached": multi_turn(rng, n_conv=50 if quick else 200, turns=4)}
+        cached = 200_000 if quick else 1_000_000
+        caches = impls(ps, versions, not args.no_fast)
+        for name, reqs in wl.items():
+            runs, big = {n: [] for n, _ in caches}, name == "1M cached"
+            for _ in range(args.repeat):        # interleaved: machine noise hits every cache
+                for impl, make in caches:
+                    c = make(4_000_000 + cached * big)
+                    prefill(c, np.random.default_rng(1), cached * big)
+                    gc.collect()
+                    row, got = replay(c, reqs)
+                    t0 = time.perf_counter()
+                    gc.collect()                # a full collection with the tree alive
+                    row["gc_full_ms"] = (time.perf_counter() - t0) * 1e3
+                    runs[impl].append((row, got))
+                    del c
+                    gc.collect()
+            for impl, rs in runs.items():           # every run against ours' first
+                bad = sum(int((got != runs["pagedattn"][0][1]).sum()) for _, got in rs)
+                mism += [f"{impl} {name} page {ps}: {bad} requests matched differently"] * (bad > 0)
+                df = pd.DataFrame([r for r, _ in rs])
+                agg = {k: df[k].median() if df[k].dtype.kind == "f" else df[k].iloc[0] for k in df}
+                rows.append({"workload": name, "page": ps, "impl": impl, "mismatches": bad,
+                             **agg, "gc_max_ms": df.gc_max_ms.max()})
+            print(f"page {ps} {name}: done", file=sys.stderr)
+    return pd.DataFrame(rows), mism
+
+
+def run_evict(args, versions):
+    rows = []   # SGLang heapifies every leaf in each call: fewer calls for it
+    for ps, (impl, make) in [(ps, i) for ps in (1, 16) for i in impls(ps, versions, False)]:
+        for leaves in ((1000, 8000) if args.quick else (1000, 8000, 32000)):
+            us = [evict_cost(make, np.random.default_rng(2), leaves,
+                             100 if impl == "pagedattn" else 10) for _ in range(args.repeat)]
+            rows.append(dict(impl=impl, page=ps, leaves=leaves, us_per_leaf=np.median(us)))
+            gc.collect()
+    return pd.DataFrame(rows)
+
+
+##### Report #####
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "radix")
+TAB = dict(headers="keys", tablefmt="github", showindex=False, floatfmt=".3g")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def git_commit() -> str:
+    """Short commit of the checkout, `-dirty` when tracked code differs from it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                             capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                "pagedattn", "bench/bench_radix.py", "bench/_sglang_peer.py"],
+                               cwd=root, text=True, capture_output=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "nogit"
+    return sha + ("-dirty" if dirty else "")
+
+
+def record_dir() -> str:
+    cpu = re.sub(r"[^a-z0-9]+", "-", cpu_model().lower()).strip("-")
+    return os.path.join(RESULTS, f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}-"
+                                 f"{cpu}-{git_commit()}")
+
+
+def summary(df, versions):
+    """One row per workload and page: ours vs each SGLang release, plain lists."""
+    out = []
+    for (wl, ps), g in df.groupby(["workload", "page"], sort=False):
+        r = g.set_index("impl")
+        o = r.loc["pagedattn"]
+        row = {"workload": wl, "page": ps, "ours med/p99 us": f"{o.med_us:.1f} / {o.p99_us:.1f}",
+               "ours req/s": f"{o.req_s:,.0f}"}
+        for ns in versions:
+            s = r.loc[f"sglang {ns.version}"]
+            row[f"{ns.version} med/p99 us"] = f"{s.med_us:.1f} / {s.p99_us:.1f}"
+            row[f"{ns.version} req/s"] = f"{s.req_s:,.0f}"
+            row[f"x {ns.version}"] = f"{o.req_s / s.req_s:.2f}"
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def targets(df, ev, versions, mism):
+    ours = df[df.impl == "pagedattn"]
+    lines = []
+    for ns in versions:
+        s = df[df.impl == f"sglang {ns.version}"].set_index(["workload", "page"]).req_s
+        ratio = ours.set_index(["workload", "page"]).req_s / s
+        lines.append(f"* >= 3x SGLang {ns.version} requests/s on every row: "
+                     f"{'PASS' if ratio.min() >= 3 else 'FAIL'} (lowest {ratio.min():.2f}x, "
+                     f"{ratio.idxmin()[0]} page {ratio.idxmin()[1]})")
+    m = ours[ours.workload == "1M cached"]
+    lines.append(f"* <= 50 us/request at 1M cached tokens: "
+                 f"{'PASS' if max(m.mean_us.max(), m.med_us.max()) <= 50 else 'FAIL'} "
+                 f"(mean {' / '.join(f'{v:.1f}' for v in m.mean_us)}, median "
+                 f"{' / '.join(f'{v:.1f}' for v in m.med_us)} us at page 1 / 16)")
+    o = ours.set_index(["workload", "page"]).mean_us.unstack()
+    lines.append(f"* page 16 at least as fast as page 1 per request: "
+                 f"{'PASS' if (o[16] <= o[1]).all() else 'FAIL'} (mean us p1 / p16: " + ", ".join(
+                     f"{w} {r[1]:.1f} / {r[16]:.1f}" for w, r in o.iterrows()) + ")")
+    lines.append(f"* no GC pause over 1 ms in any replay: "
+                 f"{'PASS' if ours.gc_max_ms.max() <= 1 else 'FAIL'} (longest "
+                 f"{ours.gc_max_ms.max():.3f} ms)")
+    e = ev[(ev.impl == "pagedattn") & (ev.page == 1)].set_index("leaves").us_per_leaf
+    flat = e.max() / e.min()
+    lines.append(f"* evict flat within 1.2x from 1k to 32k leaves (page 1): "
+                 f"{'PASS' if flat <= 1.2 else 'FAIL'} ({' / '.join(f'{v:.2f}' for v in e)} "
+                 f"us per leaf at {' / '.join(map(str, e.index))} leaves: {flat:.2f}x)")
+    lines.append(f"* matched lengths agree request by request: "
+                 f"{'PASS' if not mism else 'FAIL: ' + '; '.join(mism)}")
+    return "\n".join(lines)
+
+
+def report(df, ev, mism, versions, args, out, argv) -> str:
+    evw = ev.pivot_table(index=["impl", "page"], columns="leaves", values="us_per_leaf",
+                         sort=False).reset_index()
+    evw.columns = [c if isinstance(c, str) else f"us/leaf @{c}" for c in evw.columns]
+    cols = ["workload", "page", "impl", "med_us", "p99_us", "mean_us", "req_s", "switched",
+            "hit_rate", "gc_max_ms", "gc_gen012", "gc_full_ms", "mismatches"]
+    head = [f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit "
+            f"{git_commit()}, CPU {cpu_model()} ({os.cpu_count()} cores, load "
+            f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end)",
+            f"python {platform.python_version()}, numpy {np.__version__}, torch "
+            f"{sys.modules['torch'].__version__}; SGLang "
+            f"{', '.join(ns.version for ns in versions) or 'not run'} (released wheels from pip, "
+            "radix cache module only: docs/radix_peer.md)",
+            f"command: python bench/bench_radix.py {' '.join(argv)}",
+            f"{args.repeat} replays per cache and row, interleaved (median shown; gc_max_ms: the "
+            f"longest); gc.freeze() of the startup heap: {'no' if args.no_gc_freeze else 'yes'}",
+            "requests during which the OS switched the process out are left out of the "
+            "statistics (`switched`: how many); req/s = 1 / mean"]
+    text = "\n".join(["# Radix cache vs SGLang RadixCache", "", *[h + "  " for h in head], "",
+                      "## Targets", "", targets(df, ev, versions, mism), "",
+                      "## Plain lists (the engine call path), per request", "",
+                      tabulate(summary(df, versions), **TAB), "",
+                      "## All rows (`(... keys)` rows: tokens given as bytes or array('q'), "
+                      "made outside the span)",
+                      "", tabulate(df[cols], **TAB), "",
+                      "## evict: us per leaf (median call of 10 leaves x 64 tokens; median of "
+                      "the replays)", "", tabulate(evw, **TAB), ""])
+    if out:
+        os.makedirs(out, exist_ok=True)
+        df.to_csv(os.path.join(out, "radix_bench.csv"), index=False)
+        ev.to_csv(os.path.join(out, "radix_evict.csv"), index=False)
+        with open(os.path.join(out, "README.md"), "w") as f:
+            f.write(text)
+    return text
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, < 30 s")
-    ap.add_argument("--out", help="write radix_bench.csv / .md here")
-    ap.add_argument("--peer-path", default=os.environ.get("PAGEDATTN_PEER_SGLANG"))
+    ap.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
+    ap.add_argument("--sglang", default=",".join(peer.VERSIONS), help="SGLang releases "
+                    "beside ours (pip): versions, 'latest' or 'none' (default: %(default)s)")
+    ap.add_argument("--repeat", type=int, default=3, help="replays per cache and row; the "
+                    "tables show the median of the runs (default: %(default)s)")
+    ap.add_argument("--no-fast", action="store_true", help="skip the bytes/array-key rows")
+    ap.add_argument("--record", action="store_true", help="write the results of record to "
+                    "bench/results/radix/<date>-<cpu>-<commit>/ (a clean checkout)")
+    ap.add_argument("--out", help="write the results to this directory instead")
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="skip gc.freeze() of the startup heap (torch import: ~165k objects)")
     args = ap.parse_args(argv)
+    if args.record and git_commit().endswith(("-dirty", "nogit")):
+        sys.exit("--record: commit first (results of record name a commit)")
+    versions = []
+    for v in [] if args.sglang == "none" else args.sglang.split(","):
+        try:
+            versions.append(peer.load(peer.fetch(v)))
+        except peer.PeerUnavailable as e:   # results of record need every peer
+            if args.record:
+                sys.exit(f"sglang {v}: {e}")
+            print(f"sglang {v} not run: {e}", file=sys.stderr)
+    print(f"SGLang peers: {', '.join(ns.version for ns in versions) or 'none'}", file=sys.stderr)
     if not args.no_gc_freeze:
         gc.collect()
         gc.freeze()   # a server freezes its startup objects; every cache gets the same treatment
-    impls = [Ours] + [p for p in [load_peer(args.peer_path)] if p]
-    q = args.quick
-    rows = []
-    for cls in impls:
-        for ps in (1, 16):
-            rng = np.random.default_rng(0)
-            wl = {"a_system_prompt": workload_a(rng, n_req=300 if q else 1000),
-                  "b_multi_turn": workload_b(rng, n_conv=60 if q else 200),
-                  "c_tree_search": workload_c(rng, n_prob=3 if q else 10)}
-            for name, reqs in wl.items():
-                r = replay(cls(4_000_000, ps), reqs)
-                rows.append(dict(impl=cls.name, page=ps, workload=name, **r))
-            r = latency_at_1m(cls, ps, rng, q)
-            rows.append(dict(impl=cls.name, page=ps, workload=f"b@{r.pop('cached_tok')}cached",
-                             **r))
-            for leaves in ((1000, 8000) if q else (1000, 8000, 32000)):
-                us = evict_cost(cls, ps, rng, leaves)
-                rows.append(dict(impl=cls.name, page=ps, workload=f"evict10@{leaves}leaves",
-                                 med_us=us, us_per_leaf=us / 10))
-    df = pd.DataFrame(rows)
-    text = tabulate(df, headers="keys", tablefmt="github", showindex=False, floatfmt=".3g")
-    load = "load average %.2f %.2f %.2f" % os.getloadavg()
-    text += (f"\n\n{os.cpu_count()} cores, {load} at the end (another process may share the "
-             "machine); med/p99/max: per request, µs; evict rows: med_us = one evict of 10 "
-             "leaves.")
-    print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        df.to_csv(os.path.join(args.out, "radix_bench.csv"), index=False)
-        with open(os.path.join(args.out, "radix_bench.md"), "w") as f:
-            f.write(text + "\n")
-    return df
+    df, mism = run(args, versions)
+    ev = run_evict(args, versions)
+    out = args.out or (record_dir() if args.record else None)
+    print(report(df, ev, mism, versions, args, out, sys.argv[1:] if argv is None else argv))
+    return df, ev
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
-"""Model-based tests of RadixCache (TESTING.md §D6): every invariant after every step.
+"""Model-based test of RadixCache (TESTING.md §D6): every invariant after every step.
 
-Two hypothesis state machines, each against a brute-force model:
-* RadixMachine: the raw API (match / insert / lock / unlock / evict) vs a dict that maps every
-  cached token prefix to its slot; checks R1-R10 and the exact slot partition.
-* LifecycleMachine: admit / extend / cache_unfinished_req / cache_finished_req with injected
-  free failures, vs the "nothing lost" partition free + tree + owned-by-requests == capacity.
-Page sizes 1, 2, 4, 16 throughout (mini-sglang dae78f6: pages vs tokens).
+RadixMachine drives the raw API (match / insert / lock / unlock / evict) against a dict that
+maps every cached page-aligned token prefix to its slots, with the model's own clock and hit
+counts per prefix: the eviction order it expects never reads the cache's times or hits. Checks
+R1-R10 and the exact slot partition. The request lifecycle machine and its "nothing lost"
+partition: test_radix_lifecycle.py (it shares the helpers here). Page sizes 1, 2, 4, 16
+throughout (mini-sglang dae78f6: pages vs tokens).
 """
 import numpy as np
 import pytest
@@ -13,14 +13,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule)
 
-from pagedattn.cache_mgmt.errors import CacheError, LockError, OutOfBlocks
+from pagedattn.cache_mgmt.errors import LockError, OutOfBlocks
 from pagedattn.cache_mgmt.radix_cache import RadixCache
 from pagedattn.cache_mgmt.radix_integrity import iter_nodes
-from pagedattn.cache_mgmt.radix_lifecycle import (Req, admit_req, cache_finished_req,
-                                                  cache_unfinished_req, extend_req, owned_slots,
-                                                  release_pending)
-
-
 
 PAGE_SIZES = [1, 2, 4, 16]       # 1: token-granular; 2, 4: short prompts below a page; 16: vLLM
 NUM_PAGES = [1, 2, 7, 64]        # 1 and 2: constant eviction pressure; 64: deep sharing
@@ -29,66 +24,70 @@ NAMESPACES = [None, "a"]
 
 # ---------------------------------------------------------------- helpers shared by both machines
 
-def node_path(node):
-    """(namespace, token tuple from the root to the end of node)."""
+def node_path(cache, nid):
+    """(namespace, token tuple from the root to the end of node `nid`)."""
+    info = cache.node(nid)
     parts = []
-    n = node
-    while n.parent is not None:
-        parts.append(np.frombuffer(n.key, np.int64))
-        n = n.parent
-    toks = np.concatenate(parts[::-1]) if parts else np.empty(0, np.int64)
-    return n.ns, tuple(toks.tolist())
+    while info.parent >= 0:
+        parts.append(info.tokens)
+        info = cache.node(info.parent)
+    return info.namespace, tuple(t for p in reversed(parts) for t in p)
 
 
-def path_slots(node):
+def path_slots(cache, nid):
     parts = []
-    while node.parent is not None:
-        parts.append(node.value)
-        node = node.parent
-    return np.concatenate(parts[::-1]) if parts else np.empty(0, np.int64)
+    while cache.node(nid).parent >= 0:
+        parts.append(cache.node(nid).slots)
+        nid = cache.node(nid).parent
+    return np.array([s for p in reversed(parts) for s in p], np.int64)
 
 
 def tree_slots(cache, locked=None):
-    vals = [n.value for n in iter_nodes(cache)
-            if locked is None or (n.lock_ref > 0) == locked]
-    return np.concatenate(vals) if vals else np.empty(0, np.int64)
+    vals = [cache.node(x).slots for x in iter_nodes(cache)
+            if locked is None or (cache.node(x).lock_ref > 0) == locked]
+    return np.array([s for v in vals for s in v], np.int64)
 
 
 def check_lock_refs(cache, handle_paths):
-    """R3: lock_ref(node) == number of live handles whose path contains the node."""
-    for node in iter_nodes(cache):
-        ns, path = node_path(node)
-        want = sum(1 for hns, hp in handle_paths if hns == ns and hp[:len(path)] == path)
-        assert node.lock_ref == want, (node, want)
+    """R3: lock_ref(node) == number of live handles whose path contains the node; own locks ==
+    the handles ending exactly at it."""
+    for x in iter_nodes(cache):
+        ns, path = node_path(cache, x)
+        info = cache.node(x)
+        assert info.lock_ref == sum(1 for hns, hp in handle_paths
+                                    if hns == ns and hp[:len(path)] == path), (x, info)
+        assert info.own_locks == sum(1 for hns, hp in handle_paths if (hns, hp) == (ns, path))
 
 
-def expected_victims(cache, n):
-    """Brute-force eviction order on a snapshot: min (hits|0, time, nid) among unlocked leaves,
+def expected_victims(cache, n, prio):
+    """Brute-force eviction order on a snapshot: min prio(node) then nid among unlocked leaves,
     a childless unlocked parent joining the candidates (§2.4)."""
-    lfu = cache.eviction == "lfu"
-    kids = {id(x): len(x.children or {}) for x in iter_nodes(cache)}
-    cand = [x for x in iter_nodes(cache) if x.lock_ref == 0 and not x.children]
+    nodes = {x: cache.node(x) for x in iter_nodes(cache)}
+    kids = {x: len(info.children) for x, info in nodes.items()}
+    cand = [x for x, info in nodes.items() if info.lock_ref == 0 and not info.children]
     order, freed = [], 0
     while freed < n:
-        v = min(cand, key=lambda x: (x.hits if lfu else 0, x.time, x.nid))
+        v = min(cand, key=lambda x: (*prio(x), x))
         cand.remove(v)
-        order.append(v.nid)
-        freed += len(v)
-        p = v.parent
-        if p.parent is not None:
-            kids[id(p)] -= 1
-            if kids[id(p)] == 0 and p.lock_ref == 0:
+        order.append(v)
+        freed += len(nodes[v].tokens)
+        p = nodes[v].parent
+        if p in nodes:
+            kids[p] -= 1
+            if kids[p] == 0 and nodes[p].lock_ref == 0:
                 cand.append(p)
     return order
 
 
-def evict_and_check(cache, n):
-    """R6: evict(n) frees >= n, only unlocked leaves, in exactly the brute-force order, all of
-    them in one pool.free call (victims' slots concatenated in eviction order)."""
-    owner = {int(s): x.nid for x in iter_nodes(cache) for s in x.value}
-    sizes = {x.nid: len(x) for x in iter_nodes(cache)}
+def evict_and_check(cache, n, prio=None):
+    """R6: evict(n) frees >= n, only unlocked leaves, all of them in one pool.free call
+    (victims' slots concatenated in eviction order); with `prio` (node -> sort key from a
+    model), in exactly the brute-force order."""
+    owner = {s: x for x in iter_nodes(cache) for s in cache.node(x).slots}
+    sizes = {x: len(cache.node(x).tokens) for x in iter_nodes(cache)}
+    unlocked_leaf_ok = {x for x in iter_nodes(cache) if cache.node(x).lock_ref == 0}
     locked_before = set(tree_slots(cache, locked=True).tolist())
-    want = expected_victims(cache, n)
+    want = expected_victims(cache, n, prio) if prio else None
     calls, real_free = [], cache.pool.free
 
     def spy(slots):
@@ -99,15 +98,17 @@ def evict_and_check(cache, n):
         freed = cache.evict(n)
     finally:
         del cache.pool.free
-    assert len(calls) == (1 if want else 0)
+    assert len(calls) == (1 if n else 0)
     slots = calls[0] if calls else []
     got, pos = [], 0
     while pos < len(slots):                 # split the one call back into whole victims
-        nid = owner[slots[pos]]
-        assert [owner[s] for s in slots[pos:pos + sizes[nid]]] == [nid] * sizes[nid]
-        got.append(nid)
-        pos += sizes[nid]
-    assert freed >= n and got == want and freed == len(slots)
+        x = owner[slots[pos]]
+        assert [owner[s] for s in slots[pos:pos + sizes[x]]] == [x] * sizes[x]
+        got.append(x)
+        pos += sizes[x]
+    assert freed >= n and freed == len(slots) and set(got) <= unlocked_leaf_ok
+    if want is not None:
+        assert got == want
     assert locked_before <= set(tree_slots(cache).tolist())
     return freed
 
@@ -133,8 +134,11 @@ class RadixMachine(RuleBasedStateMachine):
                 vocab=st.sampled_from([2, 4]), policy=st.sampled_from(["lru", "lfu"]))
     def setup(self, ps, pages, vocab, policy):
         self.cache = RadixCache.create_simulated(ps * pages, page_size=ps, eviction=policy)
-        self.ps, self.vocab = ps, vocab
+        self.ps, self.vocab, self.lfu = ps, vocab, policy == "lfu"
         self.model = {}          # (ns, page-aligned prefix tuple) -> slots of its last page
+        self.mtime = {}          # (ns, prefix) -> model clock at the last touch of that page
+        self.mhits = {}          # (ns, prefix) -> matches through that page
+        self.clock = 0
         self.handles = []        # (node, ns, path)
         self.seen = [()]
 
@@ -155,34 +159,71 @@ class RadixMachine(RuleBasedStateMachine):
     def model_slots(self, ns, toks, n):
         return [s for k in range(self.ps, n + 1, self.ps) for s in self.model[(ns, toks[:k])]]
 
+    def touch(self, ns, toks, n, hit):
+        """Model of a match/insert walk that covers toks[:n]: stamp its pages (and count a hit);
+        when it ends inside a node, the node's lower half is stamped too (SGLang's split)."""
+        self.clock += 1
+        for k in range(self.ps, n + 1, self.ps):
+            self.mtime[(ns, toks[:k])] = self.clock
+            if hit:
+                self.mhits[(ns, toks[:k])] += 1
+        if n:
+            for x in iter_nodes(self.cache):          # node boundaries before the call
+                xns, path = node_path(self.cache, x)
+                start = len(path) - len(self.cache.node(x).tokens)
+                if xns == ns and start < n < len(path) and path[:n] == toks[:n]:
+                    for k in range(n + self.ps, len(path) + 1, self.ps):
+                        self.mtime[(ns, path[:k])] = self.clock
+
+    def prio(self, x):
+        """Model priority of node x: (hits if LFU, time) of its pages, which agree."""
+        ns, path = node_path(self.cache, x)
+        pages = [(ns, path[:k]) for k in range(len(path) - len(self.cache.node(x).tokens)
+                                               + self.ps, len(path) + 1, self.ps)]
+        times = {self.mtime[p] for p in pages}
+        hits = {self.mhits[p] for p in pages}
+        assert len(times) == 1 and len(hits) == 1, f"node {x} pages touched apart"
+        return (hits.pop() if self.lfu else 0, times.pop())
+
     @rule(data=st.data(), ns=st.sampled_from(NAMESPACES), lock=st.booleans())
     def match(self, data, ns, lock):
         toks = self.draw_tokens(data)
-        m = self.cache.match_prefix(list(toks), extra_key=ns)
         n = self.model_match(ns, toks)
+        self.touch(ns, toks, n, hit=True)
+        m = self.cache.match_prefix(list(toks), extra_key=ns)
         assert len(m.indices) == n                                             # R1
         assert m.indices.tolist() == self.model_slots(ns, toks, n)
         if lock:
             self.cache.inc_lock_ref(m.last_node)
             self.handles.append((m.last_node, ns, toks[:n]))
 
-    @rule(data=st.data(), ns=st.sampled_from(NAMESPACES), mutate=st.booleans())
-    def insert(self, data, ns, mutate):
+    @rule(data=st.data(), ns=st.sampled_from(NAMESPACES), mutate=st.booleans(),
+          resume=st.booleans())
+    def insert(self, data, ns, mutate, resume):
         toks = self.draw_tokens(data)
         pool = self.cache.pool
         need = -(-len(toks) // self.ps) * self.ps
         if need > pool.available_size() + self.cache.evictable_size():
             return
         if need > pool.available_size():
-            evict_and_check(self.cache, need - pool.available_size())
+            evict_and_check(self.cache, need - pool.available_size(), self.prio)
             self.sync_model()
         slots = pool.alloc(need)
         before = self.model_match(ns, toks)
-        got = self.cache.insert(list(toks), slots, extra_key=ns)
+        start = None
+        if resume:                            # resume at a match of a prefix of toks
+            cut = data.draw(st.integers(0, len(toks)))
+            k = self.model_match(ns, toks[:cut])
+            self.touch(ns, toks, k, hit=True)
+            start = self.cache.match_prefix(list(toks[:cut]), extra_key=ns)
+        self.touch(ns, toks, before, hit=False)
+        got = self.cache.insert(list(toks), slots, extra_key=ns, start=start)
         assert got == before
         a = len(toks) - len(toks) % self.ps
         for k in range(got, a, self.ps):
-            self.model[(ns, toks[:k + self.ps])] = tuple(slots[k:k + self.ps].tolist())
+            key = (ns, toks[:k + self.ps])
+            self.model[key] = tuple(slots[k:k + self.ps].tolist())
+            self.mtime[key], self.mhits[key] = self.clock, 0
         pool.free(np.concatenate([slots[:got].numpy(), slots[a:].numpy()]))
         if mutate:                                                             # R7
             slots.fill_(-1)
@@ -192,19 +233,41 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def unlock(self, data):
         i = data.draw(st.integers(0, len(self.handles) - 1))
-        node = self.handles.pop(i)[0]
+        node, ns, path = self.handles.pop(i)
+        self.clock += 1
+        for k in range(self.ps, len(path) + 1, self.ps):
+            self.mtime[(ns, path[:k])] = self.clock
         self.cache.dec_lock_ref(node)
 
     @rule(data=st.data())
     def unlock_unlocked(self, data):                                           # R9
         toks = self.draw_tokens(data)
+        self.touch(None, toks, self.model_match(None, toks), hit=True)
         m = self.cache.match_prefix(list(toks))
-        if m.last_node.parent is None or m.last_node.lock_ref > 0:
+        if m.last_node == self.cache.root() or self.cache.node(m.last_node).own_locks:
             return
         sizes = (self.cache.evictable_size(), self.cache.protected_size())
         with pytest.raises(LockError):
             self.cache.dec_lock_ref(m.last_node)
         assert (self.cache.evictable_size(), self.cache.protected_size()) == sizes
+
+    @precondition(lambda self: any(len(p) > self.ps for _, _, p in self.handles))
+    @rule(data=st.data())
+    def unlock_ancestor(self, data):                                           # R9, (b)
+        """A node locked only through a descendant's handle is not unlockable."""
+        _, ns, path = data.draw(st.sampled_from([h for h in self.handles
+                                                 if len(h[2]) > self.ps]))
+        cut = data.draw(st.integers(1, len(path) // self.ps - 1)) * self.ps
+        self.touch(ns, path, cut, hit=True)
+        m = self.cache.match_prefix(list(path[:cut]), extra_key=ns)
+        info = self.cache.node(m.last_node)
+        assert len(m.indices) == cut and info.lock_ref > 0
+        if info.own_locks:
+            return
+        before = sorted(self.cache.node(x) for x in iter_nodes(self.cache))
+        with pytest.raises(LockError, match="no lock of its own"):
+            self.cache.dec_lock_ref(m.last_node)
+        assert sorted(self.cache.node(x) for x in iter_nodes(self.cache)) == before
 
     @rule(frac=st.floats(0, 1), over=st.booleans())
     def evict(self, frac, over):
@@ -213,36 +276,34 @@ class RadixMachine(RuleBasedStateMachine):
             with pytest.raises(OutOfBlocks):
                 self.cache.evict(ev + 1)
             return
-        evict_and_check(self.cache, int(ev * frac))
+        evict_and_check(self.cache, int(ev * frac), self.prio)
         self.sync_model()
 
     @rule(frac=st.floats(0, 1))
     def evict_free_fails(self, frac):                                          # D8
         """The batched free raises: every victim goes back (state as before), then the same
-        evict succeeds in the brute-force order."""
+        evict succeeds in the model's order."""
         c = self.cache
         n = int(c.evictable_size() * frac)
-        before = (sorted((x.nid, x.key, x.value.tolist(), x.lock_ref, x.time, x.hits,
-                          x.parent.nid) for x in iter_nodes(c)),
-                  c.evictable_size(), c.protected_size(), c.pool.free_slots().tolist())
+        before = (sorted(c.node(x) for x in iter_nodes(c)), c.evictable_size(),
+                  c.protected_size(), c.pool.free_slots().tolist())
 
         def boom(slots):
             raise FlakyFree()
         c.pool.free = boom
         try:
-            if expected_victims(c, n):
+            if n:
                 with pytest.raises(FlakyFree):
                     c.evict(n)
             else:
                 assert c.evict(n) == 0
         finally:
             del c.pool.free
-        after = (sorted((x.nid, x.key, x.value.tolist(), x.lock_ref, x.time, x.hits,
-                         x.parent.nid) for x in iter_nodes(c)),
-                 c.evictable_size(), c.protected_size(), c.pool.free_slots().tolist())
+        after = (sorted(c.node(x) for x in iter_nodes(c)), c.evictable_size(),
+                 c.protected_size(), c.pool.free_slots().tolist())
         assert after == before
         c.check_integrity()
-        evict_and_check(c, n)
+        evict_and_check(c, n, self.prio)
         self.sync_model()
 
     def sync_model(self):
@@ -256,10 +317,10 @@ class RadixMachine(RuleBasedStateMachine):
         check_lock_refs(c, [(ns, p) for _, ns, p in self.handles])             # R3
         check_partition(c)
         assert len(tree_slots(c)) == len(self.model) * self.ps
-        for node in iter_nodes(c):                                             # R1 slot-wise
-            ns, path = node_path(node)
-            start = len(path) - len(node)
-            assert node.value.tolist() == self.model_slots(ns, path, len(path))[start:]
+        for x in iter_nodes(c):                                                # R1 slot-wise
+            ns, path = node_path(c, x)
+            start = len(path) - len(c.node(x).tokens)
+            assert list(c.node(x).slots) == self.model_slots(ns, path, len(path))[start:]
 
     def teardown(self):                                                        # D6 drain
         if not hasattr(self, "cache"):
@@ -269,126 +330,7 @@ class RadixMachine(RuleBasedStateMachine):
         assert self.cache.protected_size() == 0
         self.cache.evict(self.cache.evictable_size())
         assert self.cache.pool.available_size() == self.cache.pool.size
-        assert all(not r.children for r in self.cache._roots.values())
+        assert all(not self.cache.child_nodes(r) for r in self.cache._roots.values())
 
 
 TestRadixMachine = RadixMachine.TestCase
-
-
-# ---------------------------------------------------------------- machine 2: request lifecycle
-
-class LifecycleMachine(RuleBasedStateMachine):
-    @initialize(ps=st.sampled_from(PAGE_SIZES), pages=st.sampled_from([2, 7, 64]),
-                vocab=st.sampled_from([2, 4]))
-    def setup(self, ps, pages, vocab):
-        self.cache = RadixCache.create_simulated(ps * pages, page_size=ps)
-        self.ps, self.vocab = ps, vocab
-        self.reqs: list[Req] = []
-        self.seen = [()]
-
-    def tokens(self, data, lo=1):
-        base = data.draw(st.sampled_from(self.seen))
-        cut = data.draw(st.integers(0, len(base)))
-        extra = data.draw(st.lists(st.integers(0, self.vocab - 1), min_size=lo,
-                                   max_size=3 * self.ps))
-        return list(base[:cut]) + extra
-
-    @rule(data=st.data(), ns=st.sampled_from(NAMESPACES))
-    def admit(self, data, ns):
-        toks = self.tokens(data)
-        try:
-            req = admit_req(self.cache, toks, extra_key=ns)
-        except OutOfBlocks:
-            return
-        self.reqs.append(req)
-        self.seen.append(tuple(toks))
-
-    def live(self):
-        return [r for r in self.reqs if not r.finished]
-
-    @precondition(lambda self: any(r.finished for r in self.reqs))
-    @rule()
-    def retry_pending(self):
-        for r in [r for r in self.reqs if r.finished]:
-            release_pending(self.cache, r)
-            self.reqs.remove(r)
-
-    @precondition(lambda self: self.live())
-    @rule(data=st.data())
-    def extend(self, data):
-        req = data.draw(st.sampled_from(self.live()))
-        add = data.draw(st.lists(st.integers(0, self.vocab - 1), min_size=1, max_size=self.ps))
-        try:
-            extend_req(self.cache, req, add)
-        except OutOfBlocks:
-            pass
-
-    @precondition(lambda self: self.live())
-    @rule(data=st.data(), fail=st.booleans())
-    def unfinished(self, data, fail):
-        req = data.draw(st.sampled_from(self.live()))
-        with self.flaky_free(fail):
-            cache_unfinished_req(self.cache, req)
-        self.seen.append(tuple(req.tokens.tolist()))
-
-    @precondition(lambda self: self.live())
-    @rule(data=st.data(), fail=st.booleans())
-    def finished(self, data, fail):
-        req = data.draw(st.sampled_from(self.live()))
-        with self.flaky_free(fail):
-            cache_finished_req(self.cache, req)
-        self.seen.append(tuple(req.tokens.tolist()))
-        if req.pending_free.size == 0:
-            self.reqs.remove(req)
-        with pytest.raises(CacheError):
-            cache_finished_req(self.cache, req)
-
-    @rule(frac=st.floats(0, 1))
-    def evict(self, frac):
-        evict_and_check(self.cache, int(self.cache.evictable_size() * frac))
-
-    def flaky_free(self, fail):
-        """D8: the pool's free raises once (before changing anything) when `fail`."""
-        machine = self
-
-        class Ctx:
-            def __enter__(self):
-                if fail:
-                    def boom(slots):
-                        del machine.cache.pool.free
-                        raise FlakyFree()
-                    machine.cache.pool.free = boom
-
-            def __exit__(self, et, ev, tb):
-                if "free" in vars(machine.cache.pool):
-                    del machine.cache.pool.free
-                return et is FlakyFree
-        return Ctx()
-
-    @invariant()
-    def invariants(self):
-        c = self.cache
-        c.check_integrity()
-        live = self.live()
-        check_lock_refs(c, [node_path(r.last_node) for r in live])
-        check_partition(c, [owned_slots(r) for r in self.reqs])
-        for r in live:
-            ns, path = node_path(r.last_node)
-            assert ns == r.extra_key and path == tuple(r.tokens[:r.prefix_len].tolist())
-            assert np.array_equal(path_slots(r.last_node), r.indices[:r.prefix_len].numpy())
-            assert len(r.indices) == -(-len(r.tokens) // self.ps) * self.ps
-
-    def teardown(self):
-        if not hasattr(self, "cache"):
-            return
-        for r in self.reqs:
-            if r.finished:
-                release_pending(self.cache, r)
-            else:
-                cache_finished_req(self.cache, r)
-        assert self.cache.protected_size() == 0                                # quiescence
-        self.cache.evict(self.cache.evictable_size())
-        assert self.cache.pool.available_size() == self.cache.pool.size
-
-
-TestLifecycleMachine = LifecycleMachine.TestCase

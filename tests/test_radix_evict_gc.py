@@ -1,5 +1,5 @@
 """Radix cache: batched eviction frees (one pool.free per evict, victims put back when it
-raises: TESTING.md §D6 "nothing lost", §D8) and the garbage-collector footprint (one tracked
+raises: TESTING.md §D6 "nothing lost", §D8) and the garbage-collector footprint (no tracked
 object per node, no reference cycles)."""
 import gc
 
@@ -10,28 +10,22 @@ from pagedattn.cache_mgmt.radix_cache import RadixCache
 from pagedattn.cache_mgmt.radix_integrity import iter_nodes
 
 
-def put(cache, toks):
+def put(cache, toks, extra_key=None):
     """Insert `toks` with fresh slots, free the duplicates; returns the slots."""
     ps = cache.page_size
     slots = cache.pool.alloc(-(-len(toks) // ps) * ps)
-    got = cache.insert(toks, slots)
+    got = cache.insert(toks, slots, extra_key=extra_key)
     a = len(toks) - len(toks) % ps
     cache.pool.free(np.concatenate([slots[:got].numpy(), slots[a:].numpy()]))
     return slots
 
 
-def _nodes(cache):
-    return list(iter_nodes(cache))
-
-
 def _snapshot(cache):
-    """Everything observable about the tree, its accounting and the pool (children compared as
-    sets: the order of a children dict carries no meaning)."""
-    nodes = sorted((n.nid, n.key, n.value.tolist(), n.lock_ref, n.time, n.hits,
-                    getattr(n.parent, "nid", None), sorted(n.children.values())
-                    if n.children else None) for n in _nodes(cache))
-    return (nodes, cache.evictable_size(), cache.protected_size(),
-            sorted(cache.pool.free_slots().tolist()), sorted(m.nid for m in cache._index.members()))
+    """Everything observable about the tree, its accounting and the pool (NodeInfo lists
+    children in ascending order: the order of a children dict carries no meaning)."""
+    return (sorted(cache.node(x) for x in iter_nodes(cache)), cache.evictable_size(),
+            cache.protected_size(), sorted(cache.pool.free_slots().tolist()),
+            sorted(cache._index.members()), np.flatnonzero(cache._cached).tolist())
 
 
 @pytest.mark.parametrize("ps", [1, 4])
@@ -93,19 +87,38 @@ def test_evict_free_failure_puts_victims_back(ps):
     cache.check_integrity()
 
 
-def test_one_gc_tracked_object_per_node():
-    """Each node is one GC-tracked object: children dicts hold bytes -> int (untracked), keys
-    are bytes and values numpy arrays (untracked)."""
-    cache = RadixCache.create_simulated(256)
-    for toks in ([1, 2, 3, 4], [1, 2, 5], [1, 2, 5, 6], [7], [7, 8, 9]):
-        put(cache, toks)
-    nodes = _nodes(cache)
-    assert any(n.children for n in nodes)                   # internal nodes exist
-    for n in nodes:
-        assert gc.is_tracked(n)
-        assert not gc.is_tracked(n.key) and not gc.is_tracked(n.value)
-        assert n.children is None or not gc.is_tracked(n.children)
-    assert not gc.is_tracked(cache.root().children)
+def _tracked_growth(build):
+    """GC-tracked objects that `build()` leaves alive (its result held)."""
+    gc.collect()
+    before = len(gc.get_objects())
+    kept = build()
+    gc.collect()
+    return len(gc.get_objects()) - before, kept
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_nodes_are_not_gc_objects(ps):
+    """The tree adds no object to the collector's lists per node: 2,000 nodes (leaves, splits,
+    namespaces, locks, LFU hits) leave as many tracked objects as 20 do."""
+    def build(n):
+        def go():
+            cache = RadixCache.create_simulated(8192 * ps, page_size=ps, eviction="lfu")
+            rng = np.random.default_rng(0)
+            handles = []
+            for i in range(n):
+                toks = [t for t in rng.integers(0, 6, 5).tolist() for _ in range(ps)]
+                m = cache.match_prefix(toks, extra_key=i % 2)
+                put(cache, toks, extra_key=i % 2)
+                cache.inc_lock_ref(m.last_node)
+                handles.append(m.last_node)
+            for h in handles[::2]:
+                cache.dec_lock_ref(h)
+            return cache, len(list(iter_nodes(cache)))
+        return go
+    small, (_, n_small) = _tracked_growth(build(20))
+    large, (_, n_large) = _tracked_growth(build(2000))
+    assert n_large >= 10 * n_small          # the check is not vacuous: many more nodes
+    assert large - small <= 4, f"{large - small} tracked objects for {n_large - n_small} nodes"
 
 
 def test_dropped_cache_is_freed_without_the_collector():

@@ -1,6 +1,7 @@
-"""Example-based tests of the radix cache: §2.2 split, LRU/LFU order, locks, fault injection,
+"""Example-based tests of the radix cache: §2.2 split, LRU order, locks, fault injection,
 regressions (TESTING.md §C/§D10), token pools, scheduling order, block-hash comparison (§2.1).
-Batched eviction frees and the garbage-collector footprint: test_radix_evict_gc.py."""
+Batched eviction frees and the garbage-collector footprint: test_radix_evict_gc.py; argument
+checks, LFU vs LRU, split parity with SGLang and input types: test_radix_checks.py."""
 import numpy as np
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from pagedattn.cache_mgmt.block_hash_cache import BlockHashCache
 from pagedattn.cache_mgmt.errors import DoubleFree, ForeignId, LockError, OutOfBlocks
 from pagedattn.cache_mgmt.radix_cache import RadixCache
+from pagedattn.cache_mgmt.radix_integrity import iter_nodes
 from pagedattn.cache_mgmt.radix_lifecycle import (admit_req, cache_finished_req, owned_slots,
                                                   release_pending, schedule_order)
 from pagedattn.cache_mgmt.token_pool import PagedTokenPool, TokenPool
@@ -31,15 +33,14 @@ def test_split_example_abcdef_abcxyz():
     cache = RadixCache.create_simulated(32)
     s1 = put(cache, [A, B, C, D, E, F])
     m = cache.match_prefix([A, B, C, X, Y, Z])
-    assert m.indices.tolist() == s1[:3].tolist() and len(m.last_node) == 3
+    assert m.indices.tolist() == s1[:3].tolist() and len(cache.node(m.last_node).tokens) == 3
     s2 = cache.pool.alloc(6)
     assert cache.insert([A, B, C, X, Y, Z], s2, start=m) == 3
     cache.pool.free(s2[:3])
-    root = cache.root()
-    (abc,) = cache.child_nodes(root)
-    assert np.frombuffer(abc.key, np.int64).tolist() == [A, B, C]
-    tails = sorted(np.frombuffer(c.key, np.int64).tolist() for c in cache.child_nodes(abc))
-    assert tails == [[D, E, F], [X, Y, Z]]
+    (abc,) = cache.child_nodes(cache.root())
+    assert cache.node(abc).tokens == (A, B, C)
+    tails = sorted(cache.node(c).tokens for c in cache.child_nodes(abc))
+    assert tails == [(D, E, F), (X, Y, Z)]
     assert cache.total_size() == 9
     cache.check_integrity()
     assert "len=3" in cache.pretty_print()
@@ -111,16 +112,6 @@ def test_promoted_parent_older_than_fresh_leaf_goes_first():
     cache.check_integrity()
 
 
-def test_lfu_evicts_fewest_hits_first():
-    cache = RadixCache.create_simulated(64, eviction="lfu")
-    put(cache, [1])
-    put(cache, [2])
-    for _ in range(3):
-        cache.match_prefix([1])
-    cache.evict(1)
-    assert cache.peek_prefix_len([1]) == 1 and cache.peek_prefix_len([2]) == 0
-
-
 def test_extra_key_namespaces_never_share():
     cache = RadixCache.create_simulated(64)
     put(cache, [1, 2, 3], extra_key="lora-a")
@@ -144,6 +135,8 @@ def test_lock_errors_name_the_problem():
     cache.evict(2)
     with pytest.raises(LockError, match="evicted"):
         cache.inc_lock_ref(m.last_node)
+    with pytest.raises(LockError, match="node"):
+        cache.inc_lock_ref("not a handle")
     cache.dec_lock_ref(cache.root())       # roots are always locked: no-op
 
 
@@ -175,7 +168,7 @@ def test_regression_minisglang_52():
     put(cache, [1, 2, 3, 4, 5])
     m = cache.match_prefix([1, 2, 3, 4, 5])
     cache.inc_lock_ref(m.last_node)
-    assert m.last_node.lock_ref == 1 and cache.protected_size() == 5
+    assert cache.node(m.last_node).lock_ref == 1 and cache.protected_size() == 5
     assert cache.evictable_size() == 0
 
 
@@ -254,7 +247,7 @@ def test_free_fails_inside_cache_finished_req(ps, monkeypatch):
     assert cache.protected_size() == 0                     # unlocked by try/finally
     cache.check_integrity()
     held = np.concatenate([cache.pool.free_slots(), owned_slots(req)] +
-                          [n.value for n in _nodes(cache)])
+                          [np.array(cache.node(x).slots, np.int64) for x in iter_nodes(cache)])
     assert np.array_equal(np.sort(held), np.arange(cache.pool.size))
     release_pending(cache, req)
     assert cache.pool.available_size() + cache.total_size() == cache.pool.size
@@ -289,11 +282,6 @@ def test_admit_rolls_back_on_out_of_blocks():
     cache.dec_lock_ref(m.last_node)
     req = admit_req(cache, [1, 2, 3, 4])                  # a smaller one succeeds
     assert req.prefix_len == 3
-
-
-def _nodes(cache):
-    from pagedattn.cache_mgmt.radix_integrity import iter_nodes
-    return list(iter_nodes(cache))
 
 
 # ---------------------------------------------------------------- pools

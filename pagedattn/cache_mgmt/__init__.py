@@ -8,7 +8,7 @@ from pagedattn.cache_mgmt.block_manager import (AllocResult, AllocStatus, BlockA
                                                 BlockManager, BlockTables)
 from pagedattn.cache_mgmt.errors import (CacheError, DoubleFree, ForeignId, LockError,
                                          OutOfBlocks)
-from pagedattn.cache_mgmt.radix_cache import MatchResult, RadixCache, TreeNode
+from pagedattn.cache_mgmt.radix_cache import MatchResult, NodeInfo, RadixCache, encode_tokens
 from pagedattn.cache_mgmt.radix_lifecycle import (Req, admit_req, cache_finished_req,
                                                   cache_unfinished_req, extend_req, owned_slots,
                                                   release_pending, schedule_order)
@@ -17,7 +17,8 @@ from pagedattn.cache_mgmt.token_pool import PagedTokenPool, TokenPool
 __all__ = [
     "AllocResult", "AllocStatus", "BlockAllocator", "BlockManager", "BlockTables",
     "BlockHashCache", "BlockMatch", "CacheError", "DoubleFree", "ForeignId", "LockError",
-    "OutOfBlocks", "MatchResult", "RadixCache", "TreeNode", "PagedTokenPool", "TokenPool", "Req",
+    "OutOfBlocks", "MatchResult", "NodeInfo", "RadixCache", "encode_tokens", "PagedTokenPool",
+    "TokenPool", "Req",
     "admit_req", "cache_finished_req", "cache_unfinished_req", "extend_req", "owned_slots",
     "release_pending", "schedule_order",
 ]

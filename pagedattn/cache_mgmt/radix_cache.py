@@ -4,37 +4,40 @@ A compressed radix tree over token ids. Each edge (node) holds a key (its token 
 (the pool slots holding those tokens' KV). Sharing a prefix = sharing the path from the root.
 
 Performance design (see docs/radix_cache.md):
-* keys are `bytes` of int64 tokens: the per-node comparison `query[a:b] == node.key` is one
-  memcmp in C, and children are keyed by the first page's bytes;
+* keys are `bytes` of int64 tokens: the per-node comparison `query[a:b] == key` is one memcmp
+  in C; children are keyed by the first page's bytes. A request is encoded once: the match
+  result carries its key, and `insert(tokens, ..., start=match)` reuses it and resumes the walk
+  at the matched node instead of the root;
+* no object per node: a node is an int id, and its fields live in per-field dicts (`_key`,
+  `_val`, `_par`, ...) whose keys and values (ints, bytes, numpy arrays, dicts of those) the
+  garbage collector does not track. The tree adds nothing to any collection, young or full;
 * values are int64 numpy arrays, copied on store; a match concatenates them in one call;
-* `insert(..., start=match)` continues from a match handle instead of re-walking the prefix;
 * eviction order is kept incrementally (radix_evict.py): `evict` never scans all leaves, and
-  frees all its victims with one pool call;
-* no reference cycles and one GC-tracked object per node: the cache owns its nodes in one
-  `nid -> node` dict, a node points up to its parent object but down only by id (`children`
-  maps first-page bytes to child nids: a dict of bytes and ints, which the collector does not
-  track). A dropped tree is freed by reference counting, never by a collector pass.
-  TreeNode, MatchResult and encode_tokens live in radix_node.py.
+  frees all its victims with one pool call.
 
 Namespaces: `extra_key` (LoRA id, tenant salt...) selects a separate root; namespaces never share
-nodes. Lock counts are per node and cover the path to the root (§2.3): `lock_ref(node)` is the
-number of live handles whose path contains the node; each root holds a permanent lock of 1.
+nodes. Locks (§2.3): `lock_ref(node)` is the number of live handles whose path contains the
+node; each root holds a permanent lock of 1. `own(node)` counts the handles that end at the
+node, so an unlock must name a node that was locked itself, not one locked only through a
+descendant.
 """
 from __future__ import annotations
 
-import itertools
+import struct
 
 import numpy as np
 import torch
 
-from .errors import ForeignId, LockError, OutOfBlocks
+from .errors import LockError, OutOfBlocks
 from .radix_evict import EvictionIndex, evict_leaves
-from .radix_node import _TB, MatchResult, TreeNode, encode_tokens
-from .token_pool import PagedTokenPool, TokenPool, as_slot_array, out_of_range
+from .radix_insert import insert_tokens
+from .radix_node import _NIDS, _TB, MatchResult, NodeInfo, encode_tokens
+from .token_pool import PagedTokenPool, TokenPool
 
-__all__ = ["RadixCache", "TreeNode", "MatchResult", "encode_tokens"]
+__all__ = ["RadixCache", "MatchResult", "NodeInfo", "encode_tokens"]
 
-_UIDS = itertools.count(1)
+_pack = struct.pack
+_new_tuple = tuple.__new__   # builds a MatchResult without NamedTuple.__new__'s argument parsing
 
 
 class RadixCache:
@@ -43,7 +46,8 @@ class RadixCache:
     Example:
         >>> cache = RadixCache.create_simulated(64)
         >>> slots = cache.pool.alloc(5)
-        >>> cache.insert([1, 2, 3, 4, 5], slots)
+        >>> m = cache.match_prefix([1, 2, 3, 4, 5])
+        >>> cache.insert([1, 2, 3, 4, 5], slots, start=m)
         0
         >>> cache.match_prefix([1, 2, 3, 9]).indices.tolist() == slots[:3].tolist()
         True
@@ -58,16 +62,28 @@ class RadixCache:
             raise ValueError(f"pool: page_size {pool.page_size} != cache page_size {page_size}")
         self.pool = pool
         self.page_size = page_size
-        self._pb = page_size * _TB
-        self._uid = next(_UIDS)
-        self._index = EvictionIndex(eviction)
         self.eviction = eviction
+        self._pb = page_size * _TB
+        # Node tables, by node id. Dense: every node has an entry. Sparse: absent means
+        # None (a leaf) or 0. Roots: key b"", parent -1, a children dict, lock 1.
+        self._key: dict[int, bytes] = {}        # edge tokens, int64 bytes
+        self._val: dict[int, np.ndarray] = {}   # edge slots, int64, owns its memory
+        self._par: dict[int, int] = {}          # parent id
+        self._lock: dict[int, int] = {}         # lock_ref
+        self._time: dict[int, int] = {}         # cache clock at the last touch
+        self._kids: dict[int, dict] = {}        # sparse: {first-page bytes: child id}
+        self._own: dict[int, int] = {}          # sparse: locks ending at the node
+        self._hits: dict[int, int] = {}         # sparse: matches through the node (LFU)
+        self._index = EvictionIndex(eviction, self._time, self._hits)
+        self._roots: dict = {}                  # extra_key -> root id
+        self._ns: dict = {}                     # root id -> extra_key
+        # The tree holds whole pages: a page's first slot stands for it in `_cached`.
+        self._cached = np.zeros(pool.size, dtype=bool)   # first slots of the pages held
+        self._offs = np.arange(page_size, dtype=np.int64)
+        self._tiled = np.tile(self._offs, 64)  # 0 .. page_size-1 repeated (insert's page check)
         self._clock = 0
-        self._nids = itertools.count()
         self._evictable = 0
         self._protected = 0
-        self._roots: dict = {}
-        self._nodes: dict[int, TreeNode] = {}   # every non-root node in the tree, by nid
         self._root(None)
 
     @classmethod
@@ -82,21 +98,54 @@ class RadixCache:
     def match_prefix(self, tokens, *, extra_key=None) -> MatchResult:
         """Longest cached page-aligned prefix of `tokens` in namespace `extra_key`.
 
-        Mutates: may split the node where the match ends (at a page boundary) so that
-        `last_node` ends exactly at the prefix; touches the path (LRU time, LFU hits). Does not
-        lock: call `inc_lock_ref(result.last_node)` before using `indices`.
+        `tokens`: list/tuple of ints, array.array, integer numpy array or tensor, or
+        `encode_tokens` bytes; all give the same result. Mutates: may split the node where the match ends (at a page
+        boundary) so that `last_node` ends exactly at the prefix; touches the path (LRU time,
+        LFU hits; the lower half of a split counts as touched, as in SGLang). Does not lock:
+        call `inc_lock_ref(result.last_node)` before using `indices`.
         """
-        key = encode_tokens(tokens)
-        n = len(key) - len(key) % self._pb
-        node = self._root(extra_key)
-        vals = []
+        if type(tokens) is list:
+            try:
+                key = _pack(f"{len(tokens)}q", *tokens)
+            except struct.error:
+                key = encode_tokens(tokens)          # raises the typed error
+        else:
+            key = encode_tokens(tokens)
+        root = self._roots.get(extra_key)
+        if root is None:
+            root = self._root(extra_key)
+        pb, n = self._pb, len(key)
+        if pb != _TB:
+            n -= n % pb
+        node, pos, vals = root, 0, []
         if n:
-            self._clock += 1
-            node = self._walk(node, key, 0, n, vals, True)[0]
+            kids, keys, valt, time, loc = self._kids, self._key, self._val, self._time, \
+                self._index.loc
+            lfu = self._index.lfu
+            self._clock = clock = self._clock + 1
+            while pos < n:
+                ch = kids.get(node)
+                c = ch.get(key[pos:pos + pb]) if ch else None
+                if c is None:
+                    break
+                ck = keys[c]
+                if key.startswith(ck, pos, n):       # memcmp, no copy; c must end by n
+                    pos += len(ck)
+                else:                                # the match ends inside c: cut it there
+                    c = self._split(c, self._common(ck, key, pos, n))
+                    pos = n
+                time[c] = clock
+                if lfu:
+                    self._hits[c] = self._hits.get(c, 0) + 1
+                if c in loc:
+                    self._index.touch(c)
+                vals.append(valt[c])
+                node = c
         if not vals:
-            return MatchResult(torch.empty(0, dtype=torch.int64), node)
-        out = vals[0].copy() if len(vals) == 1 else np.concatenate(vals)
-        return MatchResult(torch.from_numpy(out), node)
+            out = np.empty(0, np.int64)
+        else:
+            out = vals[0].copy() if len(vals) == 1 else np.concatenate(vals)
+        return _new_tuple(MatchResult, (torch.from_numpy(out), node, key, tokens, root))
 
     def insert(self, tokens, indices, *, extra_key=None, start=None) -> int:
         """Cache `tokens[:L]` with slots `indices[:L]`, L = len(tokens) rounded down to a page.
@@ -104,54 +153,80 @@ class RadixCache:
         Returns the number of leading tokens that were already cached: the caller still owns
         `indices[:returned]` that differ from the cached ones and must free its duplicates
         (`indices[locked_prefix:returned]`). The new part is copied, so later writes to
-        `indices` do not reach the cache. `start`: a MatchResult of `match_prefix` on a prefix
-        of the same tokens and extra_key (or a `(node, prefix_len)` pair), still in the tree
-        (e.g. locked); the walk resumes there instead of at the root.
-        """
-        if isinstance(start, MatchResult):
-            start = (start.last_node, start.indices.shape[0])
-        return self._insert(tokens, indices, extra_key, start)[0]
+        `indices` do not reach the cache.
 
-    def inc_lock_ref(self, node: TreeNode) -> int:
-        """Lock the path root..node; returns the tokens that moved from evictable to protected.
+        `start`: the MatchResult of `match_prefix` on a prefix of the same tokens and extra_key,
+        or a `(node, prefix_len)` pair; the walk resumes at its node while that is in the tree
+        (e.g. locked), else at the root. Given the very list, tuple or array.array that was
+        matched (changed only by appending since), the match's encoding is reused.
 
-        Raises LockError for a node deleted from or foreign to this cache (nothing changed).
+        Raises, changing nothing: ValueError for fewer slots than tokens or for a `start` whose
+        prefix is not a prefix of `tokens` in `extra_key`; ForeignId for a new slot that is out
+        of range, free in the pool, already cached or given twice; ValueError (PagedTokenPool)
+        for new slots that are not whole pages.
         """
-        self._check_node(node)
-        delta = 0
-        index = self._index
-        while node.parent is not None:
-            if node.lock_ref == 0:
-                delta += len(node.key)
-                if node.where:
-                    index.remove(node)
-            node.lock_ref += 1
-            node = node.parent
-        delta //= _TB
+        return insert_tokens(self, tokens, indices, extra_key, start)[0]
+
+    def inc_lock_ref(self, node) -> int:
+        """Lock the path root..node (a node id, or a MatchResult); returns the tokens that moved
+        from evictable to protected. Raises LockError for a node not in this cache (evicted, or
+        another cache's); nothing changes then."""
+        par = self._par
+        if type(node) is not int or node not in par:
+            node = self._handle(node)
+        p = par[node]
+        if p < 0:
+            return 0
+        own = self._own
+        own[node] = own.get(node, 0) + 1
+        lock, keys, loc, delta = self._lock, self._key, self._index.loc, 0
+        while p >= 0:
+            ref = lock[node]
+            if not ref:
+                delta += len(keys[node])
+                if node in loc:
+                    self._index.remove(node)
+            lock[node] = ref + 1
+            node, p = p, par[p]
+        delta >>= 3
         self._evictable -= delta
         self._protected += delta
         return delta
 
-    def dec_lock_ref(self, node: TreeNode) -> int:
+    def dec_lock_ref(self, node) -> int:
         """Unlock the path root..node (and touch it); returns the tokens that became evictable.
 
-        Raises LockError if `node` is not locked (a lock count never goes negative), deleted,
-        or foreign (nothing changed). A root is always locked: unlocking it is a no-op.
+        Raises LockError, changing nothing, unless `node` holds a lock of its own (an
+        `inc_lock_ref` on this very node not yet undone): a node locked only through a
+        descendant, an unlocked, evicted or foreign node is refused. A root is always locked:
+        unlocking it is a no-op.
         """
-        self._check_node(node)
-        if node.parent is not None and node.lock_ref <= 0:
-            raise LockError(f"node: dec_lock_ref on an unlocked node (nid {node.nid})")
-        self._clock += 1
-        clock, index, delta = self._clock, self._index, 0
-        while node.parent is not None:
-            node.lock_ref -= 1
-            node.time = clock
-            if node.lock_ref == 0:
-                delta += len(node.key)
-                if not node.children:
-                    index.add(node)
-            node = node.parent
-        delta //= _TB
+        par = self._par
+        if type(node) is not int or node not in par:
+            node = self._handle(node)
+        p = par[node]
+        if p < 0:
+            return 0
+        own = self._own.get(node, 0)
+        if not own:
+            raise LockError(f"node: dec_lock_ref on node {node}, which holds no lock of its own "
+                            f"(lock_ref {self._lock[node]} comes from its descendants)")
+        if own == 1:
+            del self._own[node]
+        else:
+            self._own[node] = own - 1
+        self._clock = clock = self._clock + 1
+        lock, keys, time, kids, delta = self._lock, self._key, self._time, self._kids, 0
+        while p >= 0:
+            ref = lock[node] - 1
+            lock[node] = ref
+            time[node] = clock
+            if not ref:
+                delta += len(keys[node])
+                if node not in kids:
+                    self._index.add(node)
+            node, p = p, par[p]
+        delta >>= 3
         self._evictable += delta
         self._protected -= delta
         return delta
@@ -186,33 +261,27 @@ class RadixCache:
     def peek_prefix_len(self, tokens, *, extra_key=None) -> int:
         """Length of the cached page-aligned prefix of `tokens`. Read-only: no split, no touch."""
         key = encode_tokens(tokens)
-        n = len(key) - len(key) % self._pb
-        node = self._roots.get(extra_key)
-        pos, pb = 0, self._pb
-        while node is not None and pos < n:
-            cid = node.children.get(key[pos:pos + pb]) if node.children else None
-            if cid is None:
-                break
-            child = self._nodes[cid]
-            ck = child.key
-            if key[pos:pos + len(ck)] == ck and pos + len(ck) <= n:
-                pos += len(ck)
-                node = child
-                continue
-            pos += self._common(ck, key, pos, n)
-            break
-        return pos // _TB
+        root = self._roots.get(extra_key)
+        if root is None:
+            return 0
+        _, _, pos, _, m = self._find(root, key, 0, len(key) - len(key) % self._pb)
+        return (pos + m) // _TB
 
-    def child_nodes(self, node: TreeNode) -> list:
-        """The children of `node` (TreeNode objects; `node.children` holds their nids)."""
-        nodes = self._nodes
-        return [nodes[c] for c in node.children.values()] if node.children else []
+    def root(self, extra_key=None) -> int:
+        """The root id of namespace `extra_key` (created on first use)."""
+        return self._root(extra_key)
 
     def namespaces(self) -> list:
         return list(self._roots)
 
-    def root(self, extra_key=None) -> TreeNode:
-        return self._root(extra_key)
+    def child_nodes(self, node: int) -> list:
+        """Child ids of `node`, in insertion order."""
+        return list(self._kids.get(node, {}).values())
+
+    def node(self, nid: int) -> NodeInfo:
+        """A snapshot of node `nid` (KeyError if it is not in the tree)."""
+        from .radix_integrity import node_info
+        return node_info(self, nid)
 
     def pretty_print(self, max_tokens: int = 8, file=None) -> str:
         """Render the tree (one node per line); printed to `file` if given, always returned."""
@@ -223,30 +292,57 @@ class RadixCache:
         return text
 
     def check_integrity(self) -> None:
-        """Walk the whole tree and check R1-R10 structure/accounting; raises IntegrityError."""
+        """Walk the whole tree and check R2-R10 structure/accounting; raises IntegrityError."""
         from .radix_integrity import check_radix_integrity
         check_radix_integrity(self)
 
     ##### Internal #####
 
-    def _root(self, extra_key) -> TreeNode:
+    def _root(self, extra_key) -> int:
         root = self._roots.get(extra_key)
         if root is None:
             try:
                 hash(extra_key)
             except TypeError:
                 raise TypeError(f"extra_key: must be hashable, got {type(extra_key).__name__}")
-            root = TreeNode(b"", np.empty(0, np.int64), None, 0, -1, self._uid, extra_key)
-            root.children = {}
-            root.lock_ref = 1
+            root = next(_NIDS)
+            self._key[root], self._val[root], self._par[root] = b"", np.empty(0, np.int64), -1
+            self._lock[root], self._time[root], self._kids[root] = 1, self._clock, {}
             self._roots[extra_key] = root
+            self._ns[root] = extra_key
         return root
 
-    def _check_node(self, node) -> None:
-        if not isinstance(node, TreeNode) or node.owner != self._uid:
-            raise LockError(f"node: not a node of this cache ({node!r})")
-        if node.parent is None and self._roots.get(node.ns) is not node:
-            raise LockError(f"node: nid {node.nid} was evicted from the tree")
+    def _handle(self, node) -> int:
+        """The node id of a handle (an int or a MatchResult) in this cache, else LockError."""
+        if type(node) is MatchResult:
+            node = node.last_node
+        try:
+            if int(node) == node and int(node) in self._par:
+                return int(node)
+        except (TypeError, ValueError):
+            pass
+        raise LockError(f"node: {node!r} is not in this cache (evicted, or another cache's)")
+
+    def _find(self, node: int, key: bytes, pos: int, n: int):
+        """Read-only descent from `node` along `key[pos:n]` (page-aligned bounds). Returns
+        (ids of the nodes matched whole, last of them or `node`, end of that match in key
+        bytes, node the match ends inside or 0, page-aligned bytes matched inside it). A node
+        matches whole only if it ends by `n`, so the match never reaches the partial page.
+        """
+        kids, keys, pb, path = self._kids, self._key, self._pb, []
+        while pos < n:
+            ch = kids.get(node)
+            c = ch.get(key[pos:pos + pb]) if ch else None
+            if c is None:
+                break
+            ck = keys[c]
+            if key.startswith(ck, pos, n):
+                path.append(c)
+                pos += len(ck)
+                node = c
+                continue
+            return path, node, pos, c, self._common(ck, key, pos, n)
+        return path, node, pos, 0, 0
 
     def _common(self, ck: bytes, key: bytes, pos: int, n: int) -> int:
         """Bytes of the page-aligned common prefix of `ck` and `key[pos:n]`."""
@@ -259,102 +355,30 @@ class RadixCache:
             i = m
         return (i - i % self.page_size) * _TB
 
-    def _split(self, child: TreeNode, m: int) -> TreeNode:
+    def _split(self, child: int, m: int) -> int:
         """Cut `child` after `m` key bytes (page-aligned, 0 < m < len(key)); returns the upper
-        half, a new node that takes child's place under the parent. Keeps lock_ref, time, hits
-        on both halves, so every size counter is unchanged; child keeps its identity (handles
-        to it stay valid and its path length is unchanged)::
+        half, a new node that takes child's place under the parent. Both halves keep lock_ref
+        and hits and are stamped with the clock (SGLang marks the lower half as used too);
+        child keeps its identity, own locks and path length, so handles stay valid::
 
             parent --[k0 .. k_m)--> new --[k_m .. k_end)--> child
         """
-        t, pb = m // _TB, self._pb
-        parent = child.parent
-        new = TreeNode(child.key[:m], child.value[:t].copy(), parent, child.time,
-                       next(self._nids), self._uid, child.ns)
-        new.lock_ref, new.hits = child.lock_ref, child.hits
-        child.key = child.key[m:]
-        child.value = child.value[t:].copy()
-        child.parent = new
-        new.children = {child.key[:pb]: child.nid}
-        parent.children[new.key[:pb]] = new.nid
-        self._nodes[new.nid] = new
+        t, pb, keys, vals, clock = m // _TB, self._pb, self._key, self._val, self._clock
+        parent, ck, cv = self._par[child], keys[child], vals[child]
+        new = next(_NIDS)
+        keys[new], vals[new], self._par[new] = ck[:m], cv[:t].copy(), parent
+        self._lock[new], self._time[new] = self._lock[child], clock
+        self._kids[new] = {ck[m:m + pb]: child}
+        if child in self._hits:
+            self._hits[new] = self._hits[child]
+        keys[child], vals[child], self._par[child] = ck[m:], cv[t:].copy(), new
+        self._time[child] = clock
+        if child in self._index.loc:
+            self._index.touch(child)
+        self._kids[parent][ck[:pb]] = new
         return new
-
-    def _walk(self, node: TreeNode, key: bytes, pos: int, n: int, vals: list, count_hit: bool):
-        """Descend from `node` along `key[pos:n]` (page-aligned bounds), splitting where the
-        match ends inside a node; touches and collects the values of the matched nodes.
-        Returns (last node, end of the match in key bytes).
-
-        NOTE: `key` may run past `n` by less than a page. A node key, a multiple of pages, that
-        would reach past `n` makes `key[pos:pos + kl]` shorter than itself, so it never matches.
-        """
-        pb, clock, index, lfu = self._pb, self._clock, self._index, self._index._lfu
-        nodes = self._nodes
-        while pos < n:
-            children = node.children
-            cid = children.get(key[pos:pos + pb]) if children else None
-            if cid is None:
-                break
-            child = nodes[cid]
-            ck = child.key
-            kl = len(ck)
-            if key[pos:pos + kl] != ck:
-                child = self._split(child, self._common(ck, key, pos, n))
-                kl = len(child.key)
-            child.time = clock
-            if count_hit and lfu:
-                child.hits += 1
-            if child.where:
-                index.touch(child)
-            vals.append(child.value)
-            pos += kl
-            node = child
-        return node, pos
 
     def _insert(self, tokens, indices, extra_key, start):
         """insert(); returns (already_cached_len, last_node, cached_values_after_start)."""
-        key = encode_tokens(tokens)
-        n = len(key) - len(key) % self._pb
-        idx = as_slot_array(indices, "indices")
-        if idx.size * _TB < n:
-            raise ValueError(f"indices: {idx.size} slots for {n // _TB} tokens to cache")
-        node, pos = self._root(extra_key), 0
-        if start is not None:
-            sn, slen = start
-            if not isinstance(sn, TreeNode) or sn.owner != self._uid or sn.ns != extra_key:
-                raise ForeignId("start: match handle of another cache or namespace")
-            if sn.parent is not None and slen * _TB <= n:
-                node, pos = sn, slen * _TB
-        self._clock += 1
-        if pos:  # resuming below the root: touch the path above, as a full walk would
-            up = node
-            if up.where:
-                up.time = self._clock
-                self._index.touch(up)
-            while up.parent is not None:
-                up.time = self._clock
-                up = up.parent
-        vals = []
-        if pos < n:
-            node, pos = self._walk(node, key, pos, n, vals, False)
-        if pos < n:
-            new = idx[pos // _TB:n // _TB]
-            self._check_new_slots(new)
-            leaf = TreeNode(key[pos:n], new.copy(), node, self._clock, next(self._nids),
-                            self._uid, extra_key)
-            if node.children is None:
-                node.children = {}
-                if node.where:
-                    self._index.remove(node)
-            node.children[key[pos:pos + self._pb]] = leaf.nid
-            self._nodes[leaf.nid] = leaf
-            self._evictable += len(new)
-            self._index.add(leaf)
-            return pos // _TB, leaf, vals
-        return n // _TB, node, vals
+        return insert_tokens(self, tokens, indices, extra_key, start)
 
-    def _check_new_slots(self, new: np.ndarray) -> None:
-        if out_of_range(new, self.pool.size):
-            raise ForeignId(f"indices: slot out of range [0, {self.pool.size})")
-        if self.page_size > 1 and isinstance(self.pool, PagedTokenPool):
-            self.pool.pages_of(new, "indices")

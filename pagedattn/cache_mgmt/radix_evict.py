@@ -1,17 +1,20 @@
 """Eviction for a RadixCache: the incrementally kept order of its evictable leaves
 (`EvictionIndex`) and the batched removal of victims (`evict_leaves`).
 
-Never rebuilds anything over all leaves: every operation is O(1) or O(log #promoted).
+Never rebuilds anything over all leaves: every operation is O(1) or O(log #promoted), so the
+cost of an evict depends on its victims, not on how many leaves the tree has.
 
 Order: a leaf's priority is `(bucket, time, nid)`, smallest evicted first; bucket is 0 under LRU
-and the node's hit count under LFU (ties by LRU). Two structures hold the leaves:
+and the node's hit count under LFU (ties by LRU, then by creation order). Two structures hold
+the leaves, all keyed by node id (ints: nothing here is tracked by the garbage collector but
+the containers themselves):
 
-* fresh buckets: `bucket -> OrderedDict[node]`. A node enters a bucket only at the moment it is
-  touched (match, insert, unlock), i.e. with `time == current clock`, so appending keeps every
-  bucket sorted by time without any search. Its head is the bucket's minimum.
-* promoted heap: a parent that becomes a leaf during `evict` keeps its older time, which may sort
-  before fresh entries; it goes to a small lazy-deletion heap. Its stale entries are dropped
-  when they reach the top, so the heap only ever holds promotions not yet popped.
+* fresh buckets: `bucket -> OrderedDict[nid]`. A node enters a bucket only at the moment it is
+  touched (match, insert, unlock, split), i.e. with `time == current clock`, so appending keeps
+  every bucket sorted by time without any search. Its head is the bucket's minimum.
+* promoted heap: a parent that becomes a leaf during `evict` keeps its older time, which may
+  sort before fresh entries; it goes to a small lazy-deletion heap of priorities packed into
+  one int. Stale entries are dropped when they reach the top.
 
 `pop()` compares the fresh minimum with the heap minimum.
 """
@@ -26,109 +29,123 @@ from .errors import CacheError
 
 __all__ = ["EvictionIndex", "evict_leaves"]
 
-FRESH, PROMOTED = 1, 2  # node.where; 0 = not an evictable leaf
+_PROMOTED = -1          # loc value of a promoted entry (fresh entries hold their bucket >= 0)
+_M64 = (1 << 64) - 1
 
 
 class EvictionIndex:
-    """Evictable leaves of one cache. Mutates the nodes' `where`, `tok`, `bucket` slots."""
+    """Evictable leaves of one cache, by node id. Reads the cache's `time` table and its sparse
+    `hits` table (a node without an entry has no hits).
 
-    def __init__(self, policy: str):
+    `loc` maps every member to its bucket (fresh) or -1 (promoted): `nid in index.loc` is the
+    membership test of the hot paths.
+    """
+
+    def __init__(self, policy: str, time: dict, hits: dict):
         if policy not in ("lru", "lfu"):
             raise ValueError(f"eviction: expected 'lru' or 'lfu', got {policy!r}")
         self.policy = policy
-        self._lfu = policy == "lfu"
+        self.lfu = policy == "lfu"
+        self.loc: dict[int, int] = {}
+        self._time, self._hits = time, hits
         self._buckets: dict[int, OrderedDict] = {}
-        self._bucket_heap: list[int] = []    # keys of self._buckets, each exactly once
-        self._old: list[tuple] = []           # (bucket, time, nid, tok, node)
-        self._tok = 0
-        self._len = 0
-        self._n_old = 0                       # live entries in self._old
+        self._bucket_heap: list[int] = []     # keys of self._buckets, each exactly once
+        self._old: list[int] = []             # packed priorities of promoted entries
+        self._old_prio: dict[int, int] = {}   # live promoted nid -> its packed priority
 
     def __len__(self) -> int:
-        return self._len
+        return len(self.loc)
 
-    def add(self, node) -> None:
-        """`node` just became an evictable leaf and was touched (time == current clock)."""
-        b = node.hits if self._lfu else 0
+    def _prio(self, nid: int, bucket: int) -> int:
+        return (bucket << 128) | (self._time[nid] << 64) | nid
+
+    def add(self, nid: int) -> None:
+        """`nid` just became an evictable leaf and was touched (time == current clock)."""
+        b = self._hits.get(nid, 0) if self.lfu else 0
         d = self._buckets.get(b)
         if d is None:
             d = self._buckets[b] = OrderedDict()
             heappush(self._bucket_heap, b)
-        d[node] = None
-        node.where = FRESH
-        node.bucket = b
-        self._len += 1
+        d[nid] = None
+        self.loc[nid] = b
 
-    def add_old(self, node) -> None:
-        """`node` became an evictable leaf without a touch (promotion): keep its old time."""
-        self._tok += 1
-        if len(self._old) > 4 * self._n_old + 1024:  # drop stale entries, amortized O(1)
-            self._old = [e for e in self._old if e[4].where == PROMOTED and e[4].tok == e[3]]
-            heapify(self._old)
-        b = node.hits if self._lfu else 0
-        heappush(self._old, (b, node.time, node.nid, self._tok, node))
-        node.where = PROMOTED
-        node.tok = self._tok
-        node.bucket = b
-        self._len += 1
-        self._n_old += 1
+    def add_old(self, nid: int) -> None:
+        """`nid` became an evictable leaf without a touch (promotion): keep its old time."""
+        old = self._old
+        if len(old) > 4 * len(self._old_prio) + 1024:   # drop stale entries, amortized O(1)
+            old[:] = [p for p in old if self._old_prio.get(p & _M64) == p]
+            heapify(old)
+        p = self._prio(nid, self._hits.get(nid, 0) if self.lfu else 0)
+        heappush(old, p)
+        self._old_prio[nid] = p
+        self.loc[nid] = _PROMOTED
 
-    def remove(self, node) -> None:
-        """`node` stops being an evictable leaf (locked, got a child, or deleted)."""
-        if node.where == FRESH:
-            del self._buckets[node.bucket][node]
+    def remove(self, nid: int) -> None:
+        """`nid` stops being an evictable leaf (locked, got a child, or deleted)."""
+        b = self.loc.pop(nid)
+        if b >= 0:
+            del self._buckets[b][nid]
         else:
-            self._n_old -= 1
-        node.where = 0
-        self._len -= 1
+            del self._old_prio[nid]
 
-    def touch(self, node) -> None:
-        """An evictable leaf was touched; its time (and hits under LFU) are already updated."""
-        if node.where == FRESH and (not self._lfu or node.bucket == node.hits):
-            self._buckets[node.bucket].move_to_end(node)
+    def touch(self, nid: int) -> None:
+        """A member was touched; its time (and hits under LFU) are already updated."""
+        b = self.loc[nid]
+        if b >= 0 and (not self.lfu or b == self._hits.get(nid, 0)):
+            self._buckets[b].move_to_end(nid)
             return
-        self.remove(node)
-        self.add(node)
+        self.remove(nid)
+        self.add(nid)
 
     def pop(self):
-        """Remove and return the leaf with the smallest priority, or None when empty."""
+        """Remove and return the member with the smallest priority, or None when empty."""
         bh, buckets = self._bucket_heap, self._buckets
         while bh and not buckets[bh[0]]:
             del buckets[heappop(bh)]
         fresh = next(iter(buckets[bh[0]])) if bh else None
-        old = self._old
-        while old and (old[0][4].where != PROMOTED or old[0][4].tok != old[0][3]):
+        old, live = self._old, self._old_prio
+        while old and live.get(old[0] & _M64) != old[0]:
             heappop(old)
-        if old:
-            top = old[0]
-            if fresh is None or (top[0], top[1], top[2]) < (fresh.bucket, fresh.time, fresh.nid):
-                heappop(old)
-                node = top[4]
-                node.where = 0
-                self._len -= 1
-                self._n_old -= 1
-                return node
+        if old and (fresh is None or old[0] < self._prio(fresh, bh[0])):
+            nid = heappop(old) & _M64
+            del live[nid]
+            del self.loc[nid]
+            return nid
         if fresh is None:
             return None
-        self.remove(fresh)
+        del buckets[bh[0]][fresh]
+        del self.loc[fresh]
         return fresh
 
     def members(self) -> list:
-        """All evictable leaves (for integrity checks)."""
-        out = [n for d in self._buckets.values() for n in d]
-        out += [e[4] for e in self._old if e[4].where == PROMOTED and e[4].tok == e[3]]
-        return out
+        """All members (for integrity checks)."""
+        return list(self.loc)
 
     def check_order(self) -> None:
-        """Each fresh bucket is sorted by time (the property `pop` relies on)."""
+        """Each fresh bucket is sorted by (time, nid), the property `pop` relies on, and the
+        bookkeeping agrees; raises AssertionError naming the first problem."""
+        seen = 0
         for b, d in self._buckets.items():
             prev = None
-            for n in d:
-                if n.bucket != b or n.where != FRESH:
-                    raise AssertionError(f"node {n.nid} in bucket {b} with stale bookkeeping")
-                if prev is not None and n.time < prev.time:
-                    raise AssertionError(f"bucket {b} out of time order at node {n.nid}")
-                prev = n
+            for nid in d:
+                if self.loc.get(nid) != b:
+                    raise AssertionError(f"node {nid} in bucket {b} with stale bookkeeping")
+                if b != (self._hits.get(nid, 0) if self.lfu else 0):
+                    raise AssertionError(f"node {nid} in bucket {b}, hits {self._hits.get(nid)}")
+                cur = (self._time[nid], nid)
+                if prev is not None and cur < prev:
+                    raise AssertionError(f"bucket {b} out of (time, nid) order at node {nid}")
+                prev = cur
+                seen += 1
+        for nid, p in self._old_prio.items():
+            if self.loc.get(nid) != _PROMOTED:
+                raise AssertionError(f"promoted node {nid} with stale bookkeeping")
+            b = self._hits.get(nid, 0) if self.lfu else 0
+            if p != self._prio(nid, b):
+                raise AssertionError(f"promoted node {nid} keeps a stale priority")
+        if seen + len(self._old_prio) != len(self.loc):
+            raise AssertionError(f"index has {len(self.loc)} members, structures hold "
+                                 f"{seen + len(self._old_prio)}")
 
 
 def evict_leaves(cache, num_tokens: int) -> int:
@@ -141,48 +158,51 @@ def evict_leaves(cache, num_tokens: int) -> int:
     are as before the call, and the pool (all-or-nothing free) is unchanged.
     """
     index, pb = cache._index, cache._pb
-    victims = []                      # (node, parent became a leaf when node left)
+    keys, vals, par, kids, lock = cache._key, cache._val, cache._par, cache._kids, cache._lock
+    victims = []                      # (nid, parent became a leaf when nid left)
     freed = 0
     while freed < num_tokens:
-        node = index.pop()
-        if node is None:  # pragma: no cover - guarded by the evictable_size check
+        x = index.pop()
+        if x is None:  # pragma: no cover - guarded by the evictable_size check
             _reattach(cache, victims)
             raise CacheError("eviction index empty while evictable_size > 0")
-        parent = node.parent
-        kids = parent.children
-        del kids[node.key[:pb]]
-        freed += len(node.value)
-        promoted = not kids and parent.parent is not None
+        p = par[x]
+        k = kids[p]
+        del k[keys[x][:pb]]
+        freed += len(keys[x]) >> 3
+        promoted = not k and par[p] >= 0
         if promoted:
-            parent.children = None
-            if parent.lock_ref == 0:
-                index.add_old(parent)
-        victims.append((node, promoted))
+            del kids[p]
+            if lock[p] == 0:
+                index.add_old(p)
+        victims.append((x, promoted))
     if not victims:
         return 0
-    slots = (victims[0][0].value if len(victims) == 1
-             else np.concatenate([v[0].value for v in victims]))
+    slots = vals[victims[0][0]] if len(victims) == 1 else \
+        np.concatenate([vals[v[0]] for v in victims])
     try:
         cache.pool.free(slots)
     except BaseException:
         _reattach(cache, victims)
         raise
-    nodes = cache._nodes
-    for node, _ in victims:
-        del nodes[node.nid]
-        node.parent = None            # marks the handle as evicted (RadixCache._check_node)
+    cache._cached[slots[::cache.page_size]] = False
+    time, hits = cache._time, cache._hits
+    for x, _ in victims:              # a victim is a leaf without locks: no kids/own entry
+        del keys[x], vals[x], par[x], lock[x], time[x]
+        if hits:
+            hits.pop(x, None)
     cache._evictable -= freed
     return freed
 
 
 def _reattach(cache, victims) -> None:
     """Undo the detaching part of `evict_leaves`, newest victim first."""
-    index, pb = cache._index, cache._pb
-    for node, promoted in reversed(victims):
-        parent = node.parent
+    index, pb, kids = cache._index, cache._pb, cache._kids
+    for x, promoted in reversed(victims):
+        p = cache._par[x]
         if promoted:
-            if parent.where:
-                index.remove(parent)
-            parent.children = {}
-        parent.children[node.key[:pb]] = node.nid
-        index.add_old(node)           # keeps its (bucket, time, nid) priority
+            if p in index.loc:
+                index.remove(p)
+            kids[p] = {}
+        kids[p][cache._key[x][:pb]] = x
+        index.add_old(x)              # keeps its (bucket, time, nid) priority

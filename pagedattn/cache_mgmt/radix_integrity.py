@@ -1,15 +1,16 @@
-"""Full-walk integrity check and rendering of a RadixCache (TESTING.md §D6, R2-R5, R7-R10).
+"""Full-walk integrity check and rendering of a RadixCache (TESTING.md §D6, R2-R10).
 
-`check_radix_integrity` visits every node; it is O(tree) and meant for tests and debugging.
+`check_radix_integrity` visits every node from the roots through the children tables (the real
+structure, not a cached summary); it is O(tree) and meant for tests and debugging.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .errors import CacheError
-from .radix_evict import FRESH, PROMOTED
+from .radix_node import NodeInfo
 
-__all__ = ["IntegrityError", "check_radix_integrity", "render_tree", "iter_nodes"]
+__all__ = ["IntegrityError", "check_radix_integrity", "render_tree", "iter_nodes", "node_info"]
 
 
 class IntegrityError(CacheError):
@@ -17,15 +18,26 @@ class IntegrityError(CacheError):
 
 
 def iter_nodes(cache):
-    """Yield every non-root node of every namespace, parents before children."""
-    nodes = cache._nodes
+    """Yield the id of every non-root node of every namespace, parents before children."""
+    kids = cache._kids
     for root in cache._roots.values():
-        stack = cache.child_nodes(root)
+        stack = list(kids[root].values())
         while stack:
-            node = stack.pop()
-            yield node
-            if node.children:
-                stack.extend(nodes[c] for c in node.children.values())
+            x = stack.pop()
+            yield x
+            if x in kids:
+                stack.extend(kids[x].values())
+
+
+def node_info(cache, nid: int) -> NodeInfo:
+    """RadixCache.node: a snapshot of node `nid` (KeyError if it is not in the tree)."""
+    par, r = cache._par, nid
+    while par[r] >= 0:
+        r = par[r]
+    return NodeInfo(nid, par[nid], tuple(np.frombuffer(cache._key[nid], np.int64).tolist()),
+                    tuple(cache._val[nid].tolist()), tuple(sorted(cache.child_nodes(nid))),
+                    cache._lock[nid], cache._own.get(nid, 0), cache._time[nid],
+                    cache._hits.get(nid, 0), cache._ns[r])
 
 
 def _fail(msg: str):
@@ -33,72 +45,83 @@ def _fail(msg: str):
 
 
 def check_radix_integrity(cache) -> None:
-    pb, uid, nodes = cache._pb, cache._uid, cache._nodes
-    evictable = protected = n_nodes = 0
-    leaves, slots = set(), []
+    pb = cache._pb
+    keys, vals, par, kids = cache._key, cache._val, cache._par, cache._kids
+    lock, time = cache._lock, cache._time
+    own, hits = cache._own.get, cache._hits.get      # sparse tables: absent means 0
+    evictable = protected = 0
+    leaves, seen, slots = set(), set(), []
     for ns, root in cache._roots.items():
-        if root.key != b"" or root.parent is not None or root.lock_ref != 1 or root.ns != ns:
-            _fail(f"R2/R3: bad root of namespace {ns!r}")
-        if not isinstance(root.children, dict) or root.where:
-            _fail(f"R2: root of {ns!r} has no children dict or is in the eviction index")
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            kids = node.children
-            if kids is not None and not kids and node.parent is not None:
-                _fail(f"R2: node {node.nid} has an empty children dict (must be None)")
-            child_locks = 0
-            for first, cid in (kids or {}).items():
-                c = nodes.get(cid)
-                if c is None or c.nid != cid:
-                    _fail(f"R2: child id {cid} of {node.nid} is not in the node table")
-                if c.parent is not node:
-                    _fail(f"R2: child {c.nid} of {node.nid} has a different parent")
-                if first != c.key[:pb]:
-                    _fail(f"R2: child {c.nid} keyed by a page that is not its first")
-                if c.time > node.time and node.parent is not None:
-                    _fail(f"R8: child {c.nid} touched after its parent {node.nid}")
-                child_locks += c.lock_ref
-                stack.append(c)
-            if node.parent is None:
-                continue
-            n_nodes += 1
-            if node.owner != uid or node.ns != ns:
-                _fail(f"R2: node {node.nid} of another cache or namespace")
-            n = len(node.key)
-            if n == 0 or n % pb:
-                _fail(f"R2: node {node.nid} key length {n // 8} not a positive page multiple")
-            v = node.value
+        if cache._ns.get(root, object()) != ns or keys.get(root) != b"" or par.get(root) != -1:
+            _fail(f"R2: bad root {root} of namespace {ns!r}")
+        if lock[root] != 1 or own(root, 0) or not isinstance(kids.get(root), dict):
+            _fail(f"R2/R3: root of {ns!r} has lock {lock[root]}/{own(root, 0)} or no children "
+                  f"dict")
+        if root in cache._index.loc or len(vals[root]):
+            _fail(f"R2: root of {ns!r} is in the eviction index or holds slots")
+        seen.add(root)
+        order = [root]                # parents before children; locks summed bottom-up below
+        i = 0
+        while i < len(order):
+            x = order[i]
+            i += 1
+            for first, c in kids.get(x, {}).items():
+                if c in seen:
+                    _fail(f"R2: node {c} reached twice (a cycle or a shared child)")
+                seen.add(c)
+                if par.get(c) != x:
+                    _fail(f"R2: child {c} of {x} has parent {par.get(c)}")
+                if first != keys[c][:pb]:
+                    _fail(f"R2: child {c} keyed by a page that is not its first")
+                if x != root and time[c] > time[x]:
+                    _fail(f"R8: child {c} touched after its parent {x}")
+                order.append(c)
+        child_locks = {}
+        for x in reversed(order[1:]):
+            k, v = keys[x], vals[x]
+            if x in kids and not kids[x]:
+                _fail(f"R2: node {x} has an empty children dict (a leaf has none)")
+            if not len(k) or len(k) % pb:
+                _fail(f"R2: node {x} key length {len(k) // 8} not a positive page multiple")
             if not isinstance(v, np.ndarray) or v.dtype != np.int64 or v.ndim != 1:
-                _fail(f"R2: node {node.nid} value is not a 1-D int64 array")
-            if len(v) * 8 != n:
-                _fail(f"R2: node {node.nid} key/value lengths {n // 8} != {len(v)}")
+                _fail(f"R2: node {x} value is not a 1-D int64 array")
+            if len(v) * 8 != len(k):
+                _fail(f"R2: node {x} key/value lengths {len(k) // 8} != {len(v)}")
             if v.base is not None or not v.flags.owndata:
-                _fail(f"R7: node {node.nid} value is a view, not a copy")
-            if node.lock_ref < 0:
-                _fail(f"R9: node {node.nid} lock_ref {node.lock_ref} < 0")
-            if node.lock_ref < child_locks:
-                _fail(f"R3: node {node.nid} lock_ref {node.lock_ref} < children's {child_locks}")
-            if node.lock_ref:
+                _fail(f"R7: node {x} value is a view, not a copy")
+            if own(x, 0) < 0 or lock[x] < 0 or (x in cache._own and not own(x)):
+                _fail(f"R9: node {x} lock_ref {lock[x]} / own locks {own(x)} negative or a "
+                      f"stored 0")
+            below = child_locks.pop(x, 0)
+            if lock[x] != own(x, 0) + below:
+                _fail(f"R3: node {x} lock_ref {lock[x]} != own {own(x, 0)} + children's {below}")
+            child_locks[par[x]] = child_locks.get(par[x], 0) + lock[x]
+            if hits(x, 0) < 0 or (hits(x, 0) and cache._index.policy != "lfu"):
+                _fail(f"R2: node {x} hit count {hits(x)} < 0, or counted under LRU")
+            if lock[x]:
                 protected += len(v)
             else:
                 evictable += len(v)
-                if not kids:
-                    leaves.add(node)
-            if (node.where != 0) != (node in leaves):
-                _fail(f"R5: node {node.nid} eviction-index flag {node.where} is wrong")
+                if x not in kids:
+                    leaves.add(x)
+            if (x in cache._index.loc) != (x in leaves):
+                _fail(f"R5: node {x} eviction-index membership is wrong")
             slots.append(v)
-    if n_nodes != len(nodes):
-        _fail(f"R2: node table holds {len(nodes)} nodes, the tree {n_nodes}")
+    for name, table in {"key": keys, "val": vals, "par": par, "lock": lock,
+                        "time": time}.items():
+        if len(table) != len(seen) or table.keys() != seen:
+            _fail(f"R2: table {name} holds {len(table)} nodes, the tree {len(seen)}")
+    for name, table in {"kids": kids, "own": cache._own, "hits": cache._hits}.items():
+        if not table.keys() <= seen:
+            _fail(f"R2: table {name} holds nodes that are not in the tree")
+    if len(cache._ns) != len(cache._roots):
+        _fail("R2: namespace tables disagree")
     if (evictable, protected) != (cache._evictable, cache._protected):
         _fail(f"R4: counted evictable/protected {evictable}/{protected} != kept "
               f"{cache._evictable}/{cache._protected}")
-    members = cache._index.members()
-    if len(members) != len(leaves) or set(members) != leaves or len(cache._index) != len(leaves):
-        _fail(f"R5: eviction index holds {len(members)} nodes, {len(leaves)} evictable leaves")
-    for m in members:
-        if m.where not in (FRESH, PROMOTED):
-            _fail(f"R5: index member {m.nid} flagged {m.where}")
+    if set(cache._index.members()) != leaves or len(cache._index) != len(leaves):
+        _fail(f"R5: eviction index holds {len(cache._index)} nodes, {len(leaves)} evictable "
+              f"leaves")
     try:
         cache._index.check_order()
     except AssertionError as e:
@@ -111,6 +134,9 @@ def check_radix_integrity(cache) -> None:
             _fail("R10: a slot is held by two tree nodes")
         if cache.pool.is_free(allslots).any():
             _fail("R10: the tree holds a slot that the pool lists as free")
+    heads = np.concatenate([v[::cache.page_size] for v in slots]) if slots else allslots
+    if not np.array_equal(np.flatnonzero(cache._cached), np.sort(heads)):
+        _fail("R10: the cached-page mask differs from the pages in the tree")
     cache.pool.check_integrity()
 
 
@@ -121,10 +147,11 @@ def render_tree(cache, max_tokens: int = 8) -> str:
                      f"protected={cache._protected}")
         stack = [(c, 1) for c in cache.child_nodes(root)[::-1]]
         while stack:
-            node, depth = stack.pop()
-            toks = np.frombuffer(node.key, np.int64)
+            x, depth = stack.pop()
+            toks = np.frombuffer(cache._key[x], np.int64)
             more = "..." if len(toks) > max_tokens else ""
             lines.append(f"{'  ' * depth}{toks[:max_tokens].tolist()}{more} len={len(toks)} "
-                         f"lock={node.lock_ref} t={node.time} hits={node.hits} nid={node.nid}")
-            stack.extend((c, depth + 1) for c in cache.child_nodes(node)[::-1])
+                         f"lock={cache._lock[x]}/{cache._own.get(x, 0)} t={cache._time[x]} "
+                         f"hits={cache._hits.get(x, 0)} nid={x}")
+            stack.extend((c, depth + 1) for c in cache.child_nodes(x)[::-1])
     return "\n".join(lines)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .errors import CacheError, OutOfBlocks
-from .radix_cache import RadixCache, TreeNode
+from .radix_cache import RadixCache
 
 __all__ = ["Req", "admit_req", "extend_req", "cache_unfinished_req", "cache_finished_req",
            "owned_slots", "release_pending", "schedule_order"]
@@ -29,10 +29,11 @@ _EMPTY = np.empty(0, np.int64)
 class Req:
     """One request's cache state. `tokens`: int64 array of the tokens that have (or will have)
     KV; `indices`: slot per token, length `len(tokens)` rounded up to a page. `indices[:prefix_len]`
-    are tree slots kept alive by the lock on `last_node`; the rest belong to the request."""
+    are tree slots kept alive by the lock on `last_node` (a node id); the rest belong to the
+    request."""
     tokens: np.ndarray
     indices: torch.Tensor
-    last_node: TreeNode | None
+    last_node: int | None
     prefix_len: int
     extra_key: object = None
     pending_free: np.ndarray = field(default_factory=lambda: _EMPTY)

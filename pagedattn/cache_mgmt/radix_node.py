@@ -1,76 +1,115 @@
-"""Tree node, match result and key encoding of the radix prefix cache (radix_cache.py).
+"""Key encoding, match result and node snapshot of the radix prefix cache (radix_cache.py).
 
-GC footprint: a TreeNode is the only garbage-collector-tracked object per cached edge. Its key is
-`bytes`, its value a numpy array, its `children` a dict of bytes -> int (child nids): none of them
-is tracked, and a node refers up to its parent object but down only by id, so a tree has no
-reference cycles and is freed by reference counting.
+Keys are `bytes` of native int64 tokens: comparing a run of tokens with a node's key is one
+memcmp. `encode_tokens` converts once per request; a plain list goes through `struct.pack`
+(about 4 ns a token, 2.5x faster than `array('q', list)`), numpy arrays and tensors through
+their buffers.
 """
 from __future__ import annotations
 
+import itertools
+import struct
 from array import array
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-__all__ = ["TreeNode", "MatchResult", "encode_tokens"]
+__all__ = ["MatchResult", "NodeInfo", "encode_tokens"]
 
 _TB = 8  # bytes per token in a key (int64)
-def encode_tokens(tokens) -> bytes:
-    """Token ids -> the cache's key bytes (native int64). `bytes` input is taken as already encoded.
+_NIDS = itertools.count(1)  # node ids, unique in the process: a foreign handle never resolves
+_pack = struct.pack
 
-    Encoding a request once and passing the bytes saves the conversion on every call.
+
+def encode_tokens(tokens) -> bytes:
+    """Token ids -> the cache's key bytes (native int64). `bytes` is taken as already encoded.
+
+    Parameters
+    ----------
+    tokens : list[int] | tuple[int] | array.array | numpy.ndarray | torch.Tensor | bytes
+        Token ids; arrays and tensors of any integer dtype (tensors on any device, copied to
+        the host), or bytes from an earlier call. `array('q')` is copied as it is.
+
+    Returns
+    -------
+    bytes
+        ``8 * len(tokens)`` bytes. Equal token sequences give equal bytes whatever the input
+        type.
+
+    Raises
+    ------
+    TypeError
+        Non-integer tokens (floats, bools tensors, strings).
+    ValueError
+        A token outside int64, or bytes whose length is not a multiple of 8.
+
+    Examples
+    --------
+    >>> encode_tokens([1, 2]) == encode_tokens(np.array([1, 2], np.int32))
+    True
     """
-    if isinstance(tokens, bytes):
+    t = type(tokens)
+    if t is list or t is tuple:
+        try:
+            return _pack(f"{len(tokens)}q", *tokens)
+        except struct.error as e:
+            bad = "out of range" in str(e)
+            raise (ValueError if bad else TypeError)(
+                f"tokens: expected int64 token ids ({e})") from None
+    if t is bytes:
         if len(tokens) % _TB:
             raise ValueError(f"tokens: bytes length {len(tokens)} is not a multiple of 8")
         return tokens
+    if t is array:                             # newer SGLang schedulers hold array('q')
+        if tokens.typecode in "ql" and tokens.itemsize == _TB:
+            return tokens.tobytes()
+        if tokens.typecode in "fdu":
+            raise TypeError(f"tokens: expected integer token ids, got array('{tokens.typecode}')")
+        return np.asarray(tokens, dtype=np.int64).tobytes()
     if isinstance(tokens, np.ndarray):
         if tokens.size and tokens.dtype.kind not in "iu":
             raise TypeError(f"tokens: expected integer token ids, got dtype {tokens.dtype}")
         return np.ascontiguousarray(tokens, dtype=np.int64).tobytes()
     if isinstance(tokens, torch.Tensor):
-        if tokens.dtype.is_floating_point:
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or \
+                tokens.dtype == torch.bool:
             raise TypeError(f"tokens: expected integer token ids, got {tokens.dtype}")
         return tokens.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()
     try:
-        return array("q", tokens).tobytes()
-    except TypeError as e:
-        raise TypeError(f"tokens: expected a sequence of ints ({e})") from None
-
-
-class TreeNode:
-    """One edge of the tree. Opaque handle for callers; fields are read-only outside this module."""
-
-    __slots__ = ("key", "value", "children", "parent", "lock_ref", "time", "hits", "nid",
-                 "where", "tok", "bucket", "owner", "ns")
-
-    def __init__(self, key: bytes, value, parent, time: int, nid: int, owner: int, ns):
-        self.key = key              # bytes, int64 tokens; b"" for a root
-        self.value = value          # np.ndarray int64, len(key) // 8 slots, owns its memory
-        self.children = None        # dict[first-page bytes, child nid] or None for a leaf
-        self.parent = parent        # None for a root and for a deleted node
-        self.lock_ref = 0
-        self.time = time            # cache clock at the last touch
-        self.hits = 0               # matches through this node (LFU)
-        self.nid = nid              # creation order; -1 for roots
-        self.where = 0              # eviction-index membership (radix_evict.py)
-        self.tok = 0
-        self.bucket = 0
-        self.owner = owner          # uid of the owning cache
-        self.ns = ns                # extra_key namespace
-
-    def __len__(self) -> int:
-        return len(self.key) // _TB
-
-    def __repr__(self) -> str:
-        return f"TreeNode(nid={self.nid}, len={len(self)}, lock_ref={self.lock_ref})"
+        return _pack(f"{len(tokens)}q", *tokens)
+    except (struct.error, TypeError) as e:
+        raise TypeError(f"tokens: expected a sequence of int64 token ids ({e})") from None
 
 
 class MatchResult(NamedTuple):
-    """indices: int64 tensor [prefix_len], a fresh copy of the cached slots of the prefix.
-    last_node: the node ending the prefix (a root on a miss). The slots are only safe to use
-    while `last_node` is locked (`inc_lock_ref`): an unlocked path may be evicted and its slots
-    handed to another request."""
+    """Result of `RadixCache.match_prefix`.
+
+    indices: int64 tensor [prefix_len], a fresh copy of the cached slots of the prefix. Only
+        safe to use while `last_node` is locked (`inc_lock_ref`): an unlocked path may be
+        evicted and its slots handed to another request.
+    last_node: int handle of the node ending the prefix (a namespace root on a miss).
+    key: the whole query encoded (`encode_tokens`), reused by `insert(tokens, ..., start=m)`.
+    source: the object passed as tokens (not copied); `insert` reuses `key` when it gets the
+        same list, tuple or array.array again.
+    root: the root of the namespace matched in.
+    """
     indices: torch.Tensor
-    last_node: TreeNode
+    last_node: int
+    key: bytes = b""
+    source: object = None
+    root: int = 0
+
+
+class NodeInfo(NamedTuple):
+    """A snapshot of one node (`RadixCache.node`), for tests and debugging."""
+    nid: int
+    parent: int              # -1 for a namespace root
+    tokens: tuple            # this edge's token run
+    slots: tuple             # its pool slots
+    children: tuple          # child ids, ascending (creation order)
+    lock_ref: int            # live handles whose path contains the node
+    own_locks: int           # live handles that end at the node
+    time: int                # cache clock at the last touch
+    hits: int                # matches through the node (counted under LFU)
+    namespace: object        # extra_key of its tree

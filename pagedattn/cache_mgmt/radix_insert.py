@@ -1,0 +1,216 @@
+"""RadixCache.insert (radix_cache.py): key reuse, the checks, then the changes.
+
+Order of work, so that a failed call changes nothing:
+
+    1. key        the match's encoding when `tokens` is the very list (tuple, array) it was
+                  made from
+    2. checks     slot count; `start` (its prefix is a prefix of tokens, same namespace);
+                  the read-only walk; the new slots it leaves to add (owned by the caller:
+                  handed out by the pool, not in the tree, each once, whole pages)
+    3. changes    touch the path, split where the walk ends inside a node, add the leaf
+
+Regions of `tokens` (E = end of the cached part, N = page-aligned length)::
+
+    [0, start)  the start node's path          -> touched
+    [start, E)  cached further down             -> touched (a node cut at E: both halves)
+    [E, N)      new                             -> one new leaf holding indices[E:N] (copied)
+    [N, end)    partial last page               -> not cached
+"""
+from __future__ import annotations
+
+import struct
+from array import array
+
+import numpy as np
+import torch
+
+from .errors import ForeignId
+from .radix_node import _NIDS, _TB, MatchResult, encode_tokens
+from .token_pool import as_slot_array
+
+__all__ = ["insert_tokens"]
+
+try:   # NOTE: np.count_nonzero's Python-level dispatch costs 4x its C work on a few slots
+    from numpy._core.multiarray import count_nonzero as _nonzero
+except ImportError:  # pragma: no cover - other numpy layouts
+    _nonzero = np.count_nonzero
+_pack = struct.pack
+_REUSABLE = (list, tuple, array)   # sequences whose encoding a match result carries
+
+
+def insert_tokens(c, tokens, indices, extra_key, start):
+    """RadixCache.insert on cache `c`; returns (already cached tokens, the node ending the
+    cached path (the new leaf if one was added), values of the nodes walked after `start`)."""
+    t, reused = type(tokens), False
+    if type(start) is MatchResult and tokens is start.source and t in _REUSABLE \
+            and len(tokens) >= len(start.key) >> 3:
+        key, have, reused = start.key, len(start.key) >> 3, True
+        if len(tokens) > have:                 # appended to since the match
+            key = key + encode_tokens(tokens[have:])
+    elif t is list:
+        try:
+            key = _pack(f"{len(tokens)}q", *tokens)
+        except struct.error:
+            key = encode_tokens(tokens)        # raises the typed error
+    else:
+        key = encode_tokens(tokens)
+    pb, n = c._pb, len(key)
+    if pb != _TB:
+        n -= n % pb
+    if type(indices) is torch.Tensor and indices.dtype is torch.int64 and indices.is_cpu:
+        idx = indices.numpy()                  # integer tensors never require grad
+        if idx.ndim != 1:
+            idx = as_slot_array(indices, "indices")
+    else:
+        idx = as_slot_array(indices, "indices")
+    if idx.size * _TB < n:
+        raise ValueError(f"indices: {idx.size} slots for {n // _TB} tokens to cache")
+    try:
+        root = c._roots.get(extra_key)         # None: a namespace without a tree yet
+    except TypeError:
+        raise TypeError(f"extra_key: must be hashable, got {type(extra_key).__name__}") \
+            from None
+    node, pos = root, 0
+    if start is not None:
+        node, pos = _resume(c, start, key, n, extra_key, root, reused)
+    top = node
+    path, cut, m = [], 0, 0
+    if root is not None:
+        path, node, pos, cut, m = c._find(node, key, pos, n)
+    end = pos + m
+    new = None
+    if end < n:
+        new = idx[end >> 3:n >> 3]
+        heads = _check_new_slots(c, new)
+    # Checks done: from here on nothing raises.
+    if root is None:
+        node = top = root = c._root(extra_key)
+    c._clock = clock = c._clock + 1
+    time, loc, index, valt = c._time, c._index.loc, c._index, c._val
+    if top != root:                            # resumed below the root: touch the path above
+        x = top
+        while x >= 0:
+            time[x] = clock
+            x = c._par[x]
+        if top in loc:
+            index.touch(top)
+    vals = []
+    for x in path:
+        time[x] = clock
+        if x in loc:
+            index.touch(x)
+        vals.append(valt[x])
+    if cut:
+        node = c._split(cut, m)                # stamps both halves
+        vals.append(valt[node])
+    if new is None:
+        return n >> 3, node, vals
+    leaf = next(_NIDS)
+    c._key[leaf], valt[leaf], c._par[leaf] = key[end:n], new.copy(), node
+    c._lock[leaf], time[leaf] = 0, clock
+    kids, first = c._kids.get(node), key[end:end + pb]
+    if kids is None:
+        c._kids[node] = {first: leaf}
+        if node in loc:                        # node was an evictable leaf
+            index.remove(node)
+    else:
+        kids[first] = leaf
+    c._evictable += len(new)
+    c._cached[heads] = True
+    index.add(leaf)
+    return end >> 3, leaf, vals
+
+
+def _resume(c, start, key: bytes, n: int, extra_key, root, reused: bool):
+    """(node, key position) where the walk may start, from `start`; ValueError when its prefix
+    is not a prefix of `key[:n]` in `extra_key` (`reused`: `key` extends the match's own key).
+    A start node evicted since (or unknown) gives the root: resuming is only a shortcut."""
+    if type(start) is MatchResult and start.key:
+        snode, end, skey = start.last_node, start.indices.shape[0] * _TB, start.key
+        if end > n or not (reused or key.startswith(skey if len(skey) == end else skey[:end])):
+            raise ValueError(f"start: the match's {end // _TB}-token prefix is not a prefix of "
+                             f"the {n // _TB} page-aligned tokens")
+        if snode not in c._par:
+            return root, 0
+        if start.root != root or root is None:
+            raise ValueError(f"start: a match in another namespace than extra_key={extra_key!r}")
+        return snode, end                      # a match's node ends at its prefix, always
+    if type(start) is MatchResult:             # built by hand, without the key: verify
+        snode, end = start.last_node, start.indices.shape[0] * _TB
+    else:
+        try:
+            snode, plen = start
+            end = int(plen) * _TB
+        except (TypeError, ValueError):
+            raise TypeError(f"start: expected a MatchResult or (node, prefix_len), got "
+                            f"{start!r}") from None
+    try:
+        if snode not in c._par:
+            return root, 0
+    except TypeError:
+        raise TypeError(f"start: node handle {snode!r} is not an int") from None
+    if end > n:
+        raise ValueError(f"start: prefix of {end // _TB} tokens is longer than the "
+                         f"{n // _TB} page-aligned tokens")
+    par, keys, x, pos = c._par, c._key, snode, end
+    while par[x] >= 0:                         # compare the node's path with key[:end]
+        k = keys[x]
+        st = pos - len(k)
+        if st < 0 or key[st:pos] != k:
+            raise ValueError(f"start: node {snode}'s path is not a prefix of tokens")
+        pos, x = st, par[x]
+    if pos:
+        raise ValueError(f"start: prefix_len {end // _TB} != node {snode}'s path length")
+    if x != root:
+        raise ValueError(f"start: node {snode} is in namespace {c._ns[x]!r}, not "
+                         f"extra_key={extra_key!r}")
+    return snode, end
+
+
+def _check_new_slots(c, new: np.ndarray):
+    """The first slot of each page of `new` after checking that the caller owns all of them:
+    whole pages (ValueError), in range, each listed once, handed out by the pool and not in
+    the tree (ForeignId). A page's first slot stands for the page in the masks: the pool hands
+    out and takes back whole pages, and the tree holds whole pages.
+
+    NOTE: each numpy call costs about half a microsecond whatever the size, so a few dozen
+    pages are checked in Python (set, min, max) instead of sorted with numpy.
+    """
+    pool, ps = c.pool, c.page_size
+    heads = new
+    if ps > 1:
+        # Whole pages in order: new[r*ps + j] == p_r*ps + j, i.e. x = new - (0..ps-1 tiled)
+        # repeats each page's start p_r*ps, a multiple of ps, ps times.
+        if c._tiled.size < new.size:
+            c._tiled = np.tile(c._offs, 2 * new.size // ps)
+        x = new - c._tiled[:new.size]
+        starts = x[::ps] & -ps if ps & (ps - 1) == 0 else x[::ps] - x[::ps] % ps
+        if x.tobytes() != starts.repeat(ps).tobytes():
+            raise ValueError(f"indices: new slots are not whole pages of {ps} (each page "
+                             f"p * {ps} .. p * {ps} + {ps - 1}, in order)")
+        heads = starts                         # == new[::ps], and contiguous
+    if heads.size <= 32:
+        hl = heads.tolist()
+        lo, hi, twice = min(hl), max(hl), len(set(hl)) < len(hl)
+    else:
+        srt = heads.copy()                     # (np.sort adds a Python-level wrapper)
+        srt.sort()
+        lo, hi, twice = srt[0], srt[-1], bool(_nonzero(srt[1:] == srt[:-1]))
+    if lo < 0 or hi >= pool.size:
+        raise ForeignId(f"indices: slot out of range [0, {pool.size}): min {lo}, max {hi}")
+    if twice:
+        raise ForeignId(f"indices: slots {_dups(heads)} are given twice")
+    # NOTE: pool._is_free is the pool's per-slot free mask (token_pool.py, same package).
+    if _nonzero(pool._is_free.take(heads)):
+        bad = heads[pool._is_free.take(heads)][:8].tolist()
+        raise ForeignId(f"indices: slots {bad} are free in the pool (never handed out, or "
+                        f"freed)")
+    if _nonzero(c._cached.take(heads)):
+        bad = heads[c._cached.take(heads)][:8].tolist()
+        raise ForeignId(f"indices: slots {bad} are already cached (under another key)")
+    return heads
+
+
+def _dups(a: np.ndarray) -> list:
+    srt = np.sort(a)
+    return srt[1:][srt[1:] == srt[:-1]][:8].tolist()
