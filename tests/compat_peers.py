@@ -6,7 +6,7 @@ Wheels go to ``$XDG_CACHE_HOME/pagedattn/peer_wheels`` (default ``~/.cache/...``
 reason and the tests skip with it. Nothing of the peers is imported as a package: the kernel
 files SGLang's and vLLM's Triton ops live in are extracted next to the wheel and executed with
 stub modules standing in for the rest of each runtime (their imports of environment flags,
-platform queries and loggers), as bench/_sglang_peer.py does for SGLang's radix cache.
+platform queries and loggers), as pagedattn/bench/_sglang_peer.py does for SGLang's radix cache.
 """
 import ast
 import contextlib

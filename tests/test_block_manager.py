@@ -3,8 +3,6 @@
 
 The model-based state machine (§D6) with its plain-dict model is in test_block_manager_model.py.
 """
-import importlib.util
-import pathlib
 import random
 
 import pytest
@@ -281,13 +279,10 @@ def test_duplicate_seq_ids_leave_state_unchanged():
         assert bm.snapshot() == before
 
 
-# region: memory accounting (bench/bench_block_manager.py) ----------------------------------------
+# region: memory accounting (pagedattn/bench/block_manager.py) ------------------------------------
 def test_memory_accounting_matches_the_manager():
     """The bench's closed-form paged reservation equals the blocks the real manager holds."""
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "bench_block_manager.py"
-    spec = importlib.util.spec_from_file_location("bench_block_manager", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from pagedattn.bench import block_manager as mod
     p, o = mod.sample_lengths(161, 338, 40, 2048, seed=1)
     for B in (16, 128):
         bm, held = BlockManager(4096, B, 0.0), 0

@@ -90,10 +90,11 @@ def test_fork_engine_frees_every_block(model):
 
 
 def test_bench_run_quick_writes_tables(tmp_path):
-    """`python -m bench run --quick` end to end (subprocess, bounded by a timeout)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "bench", "run", "--out", str(tmp_path),
-                           "--quick"], cwd=REPO, env=env, capture_output=True, text=True,
+    """`python -m pagedattn.bench run --quick` end to end (subprocess, bounded by a timeout)."""
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "pagedattn.bench", "run", "--out", str(tmp_path),
+                           "--quick"], cwd=repo, env=env, capture_output=True, text=True,
                           timeout=110 if not torch.cuda.is_available() else 400)  # GPU: compiles
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     for name in ("replay", "ab_decode", "ab_extend"):

@@ -1,15 +1,16 @@
-"""Cross-check against SGLang's own RadixCache from the released wheels (bench/_sglang_peer.py).
+"""Cross-check against SGLang's own RadixCache from the released wheels (pagedattn/bench/_sglang_peer.py).
 
 Each supported release is fetched with pip on first use (cached afterwards); without network or
-package index the SGLang tests skip with the reason. No timing here (bench_radix does it).
+package index the SGLang tests skip with the reason. No timing here (pagedattn-bench radix does it).
 """
 import functools
 
 import numpy as np
 import pytest
 
-from bench._sglang_peer import VERSIONS, PeerUnavailable, fetch, load, make_peer
-from bench.bench_radix import few_shot, multi_turn, tree_search
+from pagedattn.bench._sglang_peer import (VERSIONS, PeerUnavailable, fetch, load,
+                                          make_peer)
+from pagedattn.bench.radix import few_shot, multi_turn, tree_search
 from pagedattn.cache_mgmt.radix_cache import RadixCache
 
 PAGE_SIZES = [1, 16]   # 1: token-granular; 16: paged, the 3,000-token prefix is not page-aligned
@@ -32,7 +33,7 @@ def version(request):
 
 
 def _ours_request(c, toks):
-    """match, lock, insert(start=), unlock, as bench_radix.Ours; returns the matched length."""
+    """match, lock, insert(start=), unlock, as pagedattn.bench.radix.Ours; returns the matched length."""
     ps = c.page_size
     need = -(-len(toks) // ps) * ps
     if c.pool.available_size() < need:

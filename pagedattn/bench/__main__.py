@@ -23,7 +23,7 @@ from pagedattn.bench import common as C
 
 PARTS = {"decode": "pagedattn.bench.decode", "extend": "pagedattn.bench.extend",
          "ab": "pagedattn.bench.ab", "replay": "pagedattn.bench.replay",
-         "block-manager": "pagedattn.bench.block_manager"}
+         "block-manager": "pagedattn.bench.block_manager", "radix": "pagedattn.bench.radix"}
 
 
 def _replay_backend(device: str, backend: str) -> str:

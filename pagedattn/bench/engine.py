@@ -24,7 +24,7 @@ from pagedattn.bench.model import TinyDecoder, sample
 
 @dataclass
 class Req:
-    """One request of a run; the spec fields come from bench/workloads.py."""
+    """One request of a run; the spec fields come from workloads.py."""
 
     spec: W.ReqSpec
     prompt: List[int] = field(default_factory=list)

@@ -1,7 +1,7 @@
 """Serving replay (reference §4): the end-to-end proof, as a table.
 
-Each workload (bench/workloads.py) runs twice through a tiny decoder (bench/model.py) on the
-engines of bench/engine.py: **cache on** (RadixCache prefix reuse, or fork + copy-on-write for
+Each workload (workloads.py) runs twice through a tiny decoder (model.py) on the
+engines of engine.py: **cache on** (RadixCache prefix reuse, or fork + copy-on-write for
 parallel sampling) and **cache off** (no reuse, teacher-forced to the cache-on run's tokens). The
 logits of every generated position must agree between the two runs, and with a dense no-cache
 forward for the first requests: prefix reuse, forking and copy-on-write change only the work

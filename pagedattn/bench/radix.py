@@ -8,8 +8,8 @@ tokens), multi-turn (200 conversations x 8 turns), tree search (10 problems, 500
 fast path (keys encoded outside the span), evict per leaf at 1k/8k/32k leaves, the longest
 collector pause per replay (gc.callbacks), a full collection with the 1M-token tree alive.
 
-    python bench/bench_radix.py --record            # results of record, bench/results/radix/
-    python bench/bench_radix.py --quick --sglang none
+    pagedattn-bench radix --record            # results of record, bench/results/radix/
+    pagedattn-bench radix --quick --sglang none
 """
 from __future__ import annotations
 
@@ -29,9 +29,8 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import _sglang_peer as peer  # noqa: E402
-from pagedattn.cache_mgmt.radix_cache import RadixCache  # noqa: E402
+from pagedattn.bench import _sglang_peer as peer
+from pagedattn.cache_mgmt.radix_cache import RadixCache
 
 ##### Workloads (lists of int64 arrays, in arrival order) #####
 
@@ -245,7 +244,9 @@ def run_evict(args, versions):
 
 ##### Report #####
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "radix")
+# --record writes into the checkout's bench/results/radix/ (it needs a clean git checkout)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(REPO, "bench", "results", "radix")
 TAB = dict(headers="keys", tablefmt="github", showindex=False, floatfmt=".3g")
 
 
@@ -259,12 +260,12 @@ def cpu_model() -> str:
 
 def git_commit() -> str:
     """Short commit of the checkout, `-dirty` when tracked code differs from it."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = REPO
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
                              capture_output=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
-                                "pagedattn", "bench/bench_radix.py", "bench/_sglang_peer.py"],
+                                "pagedattn"],
                                cwd=root, text=True, capture_output=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "nogit"
@@ -338,7 +339,7 @@ def report(df, ev, mism, versions, args, out, argv) -> str:
             f"{sys.modules['torch'].__version__}; SGLang "
             f"{', '.join(ns.version for ns in versions) or 'not run'} (released wheels from pip, "
             "radix cache module only: docs/radix_peer.md)",
-            f"command: python bench/bench_radix.py {' '.join(argv)}",
+            f"command: pagedattn-bench radix {' '.join(argv)}",
             f"{args.repeat} replays per cache and row, interleaved (median shown; gc_max_ms: the "
             f"longest); gc.freeze() of the startup heap: {'no' if args.no_gc_freeze else 'yes'}",
             "requests during which the OS switched the process out are left out of the "

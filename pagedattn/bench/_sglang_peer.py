@@ -172,7 +172,7 @@ def _exec_file(name: str, path: str) -> types.ModuleType:
     except ImportError as e:
         raise PeerUnavailable(
             f"SGLang internals changed: {path} imports from {e.name or e}, which "
-            f"bench/_sglang_peer.py does not load or stub ({e}); add it to _REAL (small, pure "
+            f"pagedattn/bench/_sglang_peer.py does not load or stub ({e}); add it to _REAL (small, pure "
             f"Python) or _stub_modules") from e
     except Exception as e:  # noqa: BLE001 - e.g. a stub lacking what module-level code uses
         raise PeerUnavailable(f"SGLang internals changed: executing {path} failed: {e!r}") from e
@@ -214,7 +214,7 @@ def _module(name: str, package: bool = False, **attrs) -> types.ModuleType:
 
 def _off(what: str):
     def fail(*a, **k):
-        raise NotImplementedError(f"{what} is stubbed out by bench/_sglang_peer.py")
+        raise NotImplementedError(f"{what} is stubbed out by pagedattn/bench/_sglang_peer.py")
     return fail
 
 
@@ -223,7 +223,7 @@ class _NoEvents:
 
     def __init__(self, *, enabled=False, **_):
         if enabled:
-            raise NotImplementedError("KV cache events are stubbed out by bench/_sglang_peer.py")
+            raise NotImplementedError("KV cache events are stubbed out by pagedattn/bench/_sglang_peer.py")
 
     def take(self):
         return []
