@@ -12,10 +12,13 @@ the write). The rest are copied exactly: no block that a kept pair reads is writ
 pair adds 1 to the optional ``errors`` counter (counted by the first cache's launch only). The
 clashes are found in the kernel by comparing each pair with all others when the mapping is small
 (copy-on-write copies: a few per step), and from device-side sorted copies of the ids otherwise.
+``PAGEDATTN_DEV_GUARDS=0`` compiles the kernel without the guards (to measure their cost).
 """
 import torch
 import triton
 import triton.language as tl
+
+from pagedattn import config
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # Mappings up to this many pairs are checked for clashes in the kernel (all pairs); larger ones
@@ -29,49 +32,53 @@ def _copy_blocks_kernel(
         cache_ptr,  # [num_blocks, n1, n2, n3, n4] (inner dims padded with 1), integer view
         block_mapping_ptr,  # int64 [num_copies, 2]: (src, dst)
         clash_ptr,  # uint8 [num_copies]: the pair's dst is another's dst or a src (CLASH_MASK)
-        errors_ptr,  # int32 [1]: += skipped pairs (COUNT) or dummy
+        errors_ptr,  # int32 [1]: += skipped pairs (HAS_ERR) or dummy
         num_blocks,  # ids in [0, num_blocks) are valid
         numel,  # elements per block
         stride_b: tl.int64, stride_1: tl.int64, stride_2: tl.int64, stride_3: tl.int64,
         stride_4: tl.int64,
         N2: tl.constexpr, N3: tl.constexpr, N4: tl.constexpr,
-        FLAT: tl.constexpr, BLOCK: tl.constexpr, CLASH_MASK: tl.constexpr, COUNT: tl.constexpr,
-        BLOCK_P: tl.constexpr):
+        FLAT: tl.constexpr, BLOCK: tl.constexpr, GUARD: tl.constexpr, CLASH_MASK: tl.constexpr,
+        HAS_ERR: tl.constexpr, BLOCK_P: tl.constexpr):
     # grid: (num_copies, cdiv(numel, BLOCK)): one program moves BLOCK elements of one pair.
     i = tl.program_id(0)
-    src = tl.load(block_mapping_ptr + 2 * i)  # int64 scalars
-    dst = tl.load(block_mapping_ptr + 2 * i + 1)
-    if CLASH_MASK:
-        clash = tl.load(clash_ptr + i) != 0
-    else:
-        # pairs writing this dst (itself included) and pairs reading it: all pairs, BLOCK_P at
-        # a time
-        num_p = tl.num_programs(0)
-        writers = 0
-        readers = 0
-        for j0 in range(0, num_p, BLOCK_P):
-            j = j0 + tl.arange(0, BLOCK_P)  # [BLOCK_P]
-            jm = j < num_p
-            src_j = tl.load(block_mapping_ptr + 2 * j, mask=jm, other=-1)
-            dst_j = tl.load(block_mapping_ptr + 2 * j + 1, mask=jm, other=-1)
-            writers += tl.sum((dst_j == dst).to(tl.int32), axis=0)
-            readers += tl.sum((src_j == dst).to(tl.int32), axis=0)
-        clash = (writers > 1) | (readers > 0)
-    keep = (src >= 0) & (src < num_blocks) & (dst >= 0) & (dst < num_blocks) & ~clash
-    if COUNT:
-        tl.atomic_add(errors_ptr, 1, mask=~keep & (tl.program_id(1) == 0))
+    src = tl.load(block_mapping_ptr + 2 * i).to(tl.int64)
+    dst = tl.load(block_mapping_ptr + 2 * i + 1).to(tl.int64)
     e = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] linear index
-    mask = e < tl.where(keep, numel, 0)  # nothing when the pair is skipped
-    if FLAT:
-        inner = e
+    mask = e < numel
+    if GUARD:
+        if CLASH_MASK:
+            clash = tl.load(clash_ptr + i) != 0
+        else:
+            # pairs writing this dst (itself included) and pairs reading it: all pairs,
+            # BLOCK_P at a time
+            num_p = tl.num_programs(0)
+            writers = 0
+            readers = 0
+            for j0 in range(0, num_p, BLOCK_P):
+                j = j0 + tl.arange(0, BLOCK_P)  # [BLOCK_P]
+                jm = j < num_p
+                src_j = tl.load(block_mapping_ptr + 2 * j, mask=jm, other=-1).to(tl.int64)
+                dst_j = tl.load(block_mapping_ptr + 2 * j + 1, mask=jm, other=-1).to(tl.int64)
+                writers += tl.sum((dst_j == dst).to(tl.int32), axis=0)
+                readers += tl.sum((src_j == dst).to(tl.int32), axis=0)
+            clash = (writers > 1) | (readers > 0)
+        keep = (src >= 0) & (src < num_blocks) & (dst >= 0) & (dst < num_blocks) & ~clash
+        if HAS_ERR:
+            tl.atomic_add(errors_ptr, 1, mask=~keep & (tl.program_id(1) == 0))
     else:
-        i4 = e % N4
-        i3 = (e // N4) % N3
-        i2 = (e // (N4 * N3)) % N2
-        i1 = e // (N4 * N3 * N2)
-        inner = i1 * stride_1 + i2 * stride_2 + i3 * stride_3 + i4 * stride_4
-    x = tl.load(cache_ptr + tl.where(keep, src, 0) * stride_b + inner, mask=mask)
-    tl.store(cache_ptr + tl.where(keep, dst, 0) * stride_b + inner, x, mask=mask)
+        keep = True
+    if keep:  # a skipped pair's programs end here
+        if FLAT:
+            inner = e
+        else:
+            i4 = e % N4
+            i3 = (e // N4) % N3
+            i2 = (e // (N4 * N3)) % N2
+            i1 = e // (N4 * N3 * N2)
+            inner = i1 * stride_1 + i2 * stride_2 + i3 * stride_3 + i4 * stride_4
+        x = tl.load(cache_ptr + src * stride_b + inner, mask=mask)
+        tl.store(cache_ptr + dst * stride_b + inner, x, mask=mask)
 
 
 def unsupported(**_):
@@ -97,9 +104,10 @@ def run(caches, block_mapping, errors=None):
     n = pairs.shape[0]
     if n == 0:
         return
-    use_mask = n > PAIRWISE_MAX_PAIRS
+    guard = config.get("PAGEDATTN_DEV_GUARDS")
+    use_mask = guard and n > PAIRWISE_MAX_PAIRS
     clash = clash_mask(pairs) if use_mask else pairs  # pairs: an unread placeholder
-    count = errors is not None
+    count = guard and errors is not None
     for c in caches:
         if c.dim() > 5:
             raise ValueError(f"cache: at most 4 dims after the block dim, got {tuple(c.shape)}")
@@ -117,6 +125,6 @@ def run(caches, block_mapping, errors=None):
             errors_ptr=errors if count else pairs, num_blocks=ci.shape[0], numel=numel,
             stride_b=ci.stride(0), stride_1=inner_strides[0], stride_2=inner_strides[1],
             stride_3=inner_strides[2], stride_4=inner_strides[3], N2=inner_shape[1],
-            N3=inner_shape[2], N4=inner_shape[3], FLAT=flat, BLOCK=block, CLASH_MASK=use_mask,
-            COUNT=count, BLOCK_P=BLOCK_P, num_warps=4)
+            N3=inner_shape[2], N4=inner_shape[3], FLAT=flat, BLOCK=block, GUARD=guard,
+            CLASH_MASK=use_mask, HAS_ERR=count, BLOCK_P=BLOCK_P, num_warps=4)
         count = False  # each skipped pair is counted once, by the first cache's launch

@@ -9,12 +9,14 @@ every token of a slot that two or more tokens name (which of them would win is u
 GPU). Each skipped token adds 1 to the optional ``errors`` counter. Duplicates are found in the
 kernel by comparing each token's slot with all others when the batch is small (decode: one
 launch, no extra work), and from an on-device sorted copy of the slots otherwise (prefill: a sort
-and two binary searches, O(T log T) instead of the kernel's O(T^2)).
+and two binary searches, O(T log T) instead of the kernel's O(T^2)). ``PAGEDATTN_DEV_GUARDS=0``
+compiles the kernel without the guards (to measure their cost).
 """
 import torch
 import triton
 import triton.language as tl
 
+from pagedattn import config
 from pagedattn import layouts as L
 from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels import _replay
@@ -67,7 +69,7 @@ def _store_kv_kernel(
         k_cache_ptr, v_cache_ptr,  # paged caches, any layout
         slot_mapping_ptr,  # int32/int64 [T]
         dup_ptr,  # uint8 [T]: token t's slot is named by another token too (DUP_MASK) or dummy
-        errors_ptr,  # int32 [1]: += skipped tokens (COUNT) or dummy
+        errors_ptr,  # int32 [1]: += skipped tokens (HAS_ERR) or dummy
         k_scale_ptr, v_scale_ptr,  # float32 [Hkv] (fp8) or dummies
         num_slots,  # num_blocks * block_size: slots in the cache
         stride_kt: tl.int64, stride_kh: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
@@ -78,31 +80,32 @@ def _store_kv_kernel(
         D: tl.constexpr, BS: tl.constexpr, BLOCK_D: tl.constexpr,
         K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr,
         V_LO_ONE: tl.constexpr, FP8: tl.constexpr, FMAX: tl.constexpr, MBITS: tl.constexpr,
-        EMIN: tl.constexpr, DUP_MASK: tl.constexpr, COUNT: tl.constexpr,
-        BLOCK_T: tl.constexpr):
+        EMIN: tl.constexpr, GUARD: tl.constexpr, DUP_MASK: tl.constexpr,
+        HAS_ERR: tl.constexpr, BLOCK_T: tl.constexpr):
     # grid: (T, Hkv): one program per (token, KV head) writes D elements of K and of V.
     # T is the grid's first dimension, so no argument depends on the token count.
     t = tl.program_id(0)
     h = tl.program_id(1)
-    raw = tl.load(slot_mapping_ptr + t)  # scalar in the map's dtype; < 0 = padding
-    slot = raw.to(tl.int64)
-    if DUP_MASK:
-        dup = tl.load(dup_ptr + t) != 0
-    else:
-        # how many tokens name this slot, itself included: all pairs, BLOCK_T at a time
-        num_t = tl.num_programs(0)
-        hits = 0
-        for j0 in range(0, num_t, BLOCK_T):
-            j = j0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
-            other = tl.load(slot_mapping_ptr + j, mask=j < num_t, other=-1)
-            hits += tl.sum((other == raw).to(tl.int32), axis=0)
-        dup = hits > 1
-    bad = (slot >= 0) & ((slot >= num_slots) | dup)  # skipped and counted
-    if COUNT:
-        tl.atomic_add(errors_ptr, 1, mask=bad & (h == 0))  # once per token, not per head
-    keep = (slot >= 0) & ~bad
-    blk = tl.where(keep, slot, 0) // BS  # int64 physical block
-    off = tl.where(keep, slot, 0) % BS
+    slot = tl.load(slot_mapping_ptr + t).to(tl.int64)  # scalar; < 0 = padding
+    keep = slot >= 0
+    if GUARD:
+        if DUP_MASK:
+            dup = tl.load(dup_ptr + t) != 0
+        else:
+            # how many tokens name this slot, itself included: all pairs, BLOCK_T at a time
+            num_t = tl.num_programs(0)
+            hits = 0
+            for j0 in range(0, num_t, BLOCK_T):
+                j = j0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+                other = tl.load(slot_mapping_ptr + j, mask=j < num_t, other=-1).to(tl.int64)
+                hits += tl.sum((other == slot).to(tl.int32), axis=0)
+            dup = hits > 1
+        bad = keep & ((slot >= num_slots) | dup)  # skipped and counted
+        if HAS_ERR:
+            tl.atomic_add(errors_ptr, 1, mask=bad & (h == 0))  # once per token, not per head
+        keep = keep & ~bad
+    blk = tl.maximum(slot, 0) // BS  # int64 physical block
+    off = tl.maximum(slot, 0) % BS
     d = tl.arange(0, BLOCK_D)
     mask = d < tl.where(keep, D, 0)  # [BLOCK_D]: nothing when the token is skipped
     t64 = t.to(tl.int64)
@@ -142,13 +145,14 @@ def run(k, v, k_cache, v_cache, slot_mapping, *, layout, geom, k_scale=None, v_s
     if t == 0:
         return
     dev, rec = k.device, None
-    dup_mask = t > PAIRWISE_MAX_TOKENS
+    guard = config.get("PAGEDATTN_DEV_GUARDS")
+    dup_mask = guard and t > PAIRWISE_MAX_TOKENS
     dup = duplicate_mask(slot_mapping) if dup_mask else None
     replay_on = _replay.enabled(dev)
     if replay_on:  # eager fast path (_replay.py): the key leaves the token count out
         cur = torch.cuda.current_device()
         key = _replay.store_key(k, v, k_cache, v_cache, slot_mapping, layout, k_scale, v_scale,
-                                cur) + (dup_mask, _replay.alignment(errors, dup))
+                                cur) + (guard, dup_mask, _replay.alignment(errors, dup))
         own = _replay.store_tensors(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
         own.update(dup=dup, errors=errors)
         rep = _replay.lookup(key)
@@ -177,6 +181,7 @@ def run(k, v, k_cache, v_cache, slot_mapping, *, layout, geom, k_scale=None, v_s
         K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1, FP8=fp8,
         FMAX=float(torch.finfo(k_cache.dtype).max) if fp8 else 0.0,
         MBITS=_FP8_GRID.get(k_cache.dtype, (0, 0))[0], EMIN=_FP8_GRID.get(k_cache.dtype, (0, 0))[1],
-        DUP_MASK=dup_mask, COUNT=errors is not None, BLOCK_T=BLOCK_T, num_warps=1)
+        GUARD=guard, DUP_MASK=dup_mask, HAS_ERR=guard and errors is not None, BLOCK_T=BLOCK_T,
+        num_warps=1)
     if rec is not None and (replay := rec.replay()) is not None:
         _replay.store(key, replay)
