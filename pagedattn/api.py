@@ -305,6 +305,11 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     errors : torch.Tensor, optional
         int32 ``[1]``: the number of skipped tokens is added to it (no host sync).
 
+    Raises
+    ------
+    TypeError, ValueError
+        on a malformed argument, a stride-0 (expanded) cache among them: its writes would alias.
+
     Examples
     --------
     >>> import torch, pagedattn as pa
@@ -376,6 +381,11 @@ def copy_blocks(k_cache: Union[torch.Tensor, Sequence[torch.Tensor]],
         also a source, and copies the rest.
     errors : torch.Tensor, optional
         int32 ``[1]``: the number of skipped pairs is added to it (no host sync).
+
+    Raises
+    ------
+    TypeError, ValueError
+        on a malformed argument, a stride-0 (expanded) cache among them: its writes would alias.
 
     Examples
     --------
