@@ -6,7 +6,8 @@ HIP backend built for the device; `slow` tests need PAGEDATTN_SLOW=1.
 
 Tests run in the default mode of the public ops, as a user's calls do: no device-data validation
 (PAGEDATTN_VALIDATE unset), so the kernels' own guards are what runs. Tests of validation mode pass
-``validate=True`` or use the torch backend, which validates by default.
+``validate=True``, use the torch backend (which validates by default), or take the
+``validation_mode`` fixture.
 """
 import os
 
@@ -63,6 +64,13 @@ def _no_recorded_launches():
     if triton_available():
         from pagedattn.triton_kernels import _replay
         _replay.clear()
+
+
+@pytest.fixture
+def validation_mode(monkeypatch):
+    """PAGEDATTN_VALIDATE=1 for one test: the device-data checks on for every public op and for
+    entry points that take no ``validate`` argument (the compat layers)."""
+    monkeypatch.setenv("PAGEDATTN_VALIDATE", "1")
 
 
 @pytest.fixture

@@ -376,6 +376,8 @@ def worker():
             msg = traceback.format_exc(limit=-6)
         reply.write(json.dumps({"ok": msg is None, "msg": msg}) + "\n")
         reply.flush()
+        if msg is not None and device().type == "cuda":
+            return  # a device error can poison the context: the next case gets a fresh process
 
 
 if __name__ == "__main__":

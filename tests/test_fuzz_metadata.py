@@ -45,6 +45,8 @@ class Worker:
             env.setdefault("TRITON_INTERPRET", "1")
         env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), HERE,
                                              env.get("PYTHONPATH", "")])
+        if self.log is not None:
+            self.log.close()
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, "-u", os.path.join(HERE, "fuzz_utils.py")],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -66,7 +68,7 @@ class Worker:
                              f"on {what}\n{tail}")
 
     def run(self, case, timeout=300):
-        if self.proc is None:
+        if self.proc is None or self.proc.poll() is not None:
             self._start()
         self.proc.stdin.write(json.dumps(case) + "\n")
         self.proc.stdin.flush()
@@ -77,6 +79,8 @@ class Worker:
         if self.proc is not None:
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
+        if self.log is not None:
+            self.log.close()
 
 
 @pytest.fixture(scope="module")

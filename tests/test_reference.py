@@ -239,3 +239,31 @@ def test_kv_scales_are_ignored_for_non_fp8_caches(op):
     for backend in ("torch", "triton"):
         out = fn(*args, k_scale=0.37, v_scale=3.1, backend=backend)
         assert_attn_close(out, ref, torch.float32, what=f"backend {backend}")
+
+
+TORCH_UNVALIDATED = [
+    # (op, block table, seq_lens, cu_seqlens_q or None, match)
+    ("decode", [[-1, 2]], [3], None, "block id"),  # -1 would index the last block
+    ("decode", [[1, 2]], [9], None, "capacity"),
+    ("decode", [[1, 2]], [-1], None, "negative"),
+    ("extend", [[1, 2]], [2], [0, 3], "negative prefix"),
+    ("extend", [[1, 3]], [5], [0, 3], "block id"),
+    ("extend", [[1, 2]], [5], [0, 2], "cu_seqlens_q"),
+]
+
+
+@pytest.mark.parametrize("case", TORCH_UNVALIDATED, ids=lambda c: f"{c[0]}-{c[4]}")
+def test_torch_backend_checks_device_data_without_validation(case):
+    """validate=False does not make the reference read out of place: it raises as validation."""
+    op, table, lens, cu, match = case
+    k, v = pa.make_kv_cache(3, 4, 1, 32, dtype=torch.float32)
+    k.normal_(), v.normal_()
+    table, lens = torch.tensor(table, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
+    with pytest.raises(ValueError, match=match):
+        if op == "decode":
+            pa.paged_decode(torch.randn(1, 2, 32), k, v, table, lens, backend="torch",
+                            validate=False)
+        else:
+            pa.extend_attention(torch.randn(3, 2, 32), k, v, table,
+                                torch.tensor(cu, dtype=torch.int32), lens, backend="torch",
+                                validate=False, max_q_len=3)
