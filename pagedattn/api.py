@@ -306,6 +306,11 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     errors : torch.Tensor, optional
         int32 ``[1]``: the number of skipped tokens is added to it (no host sync).
 
+    Raises
+    ------
+    TypeError, ValueError
+        on a malformed argument, a stride-0 (expanded) cache among them: its writes would alias.
+
     Examples
     --------
     >>> import torch, pagedattn as pa
@@ -326,6 +331,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     V.check_tensor("slot_mapping", slot_mapping, dim=1, dtypes=(torch.int32, torch.int64),
                    device=dev)
     V.check_shape("slot_mapping", slot_mapping, (k.shape[0],))
+    errors = V.check_errors(errors, dev)
+    _check_no_overlap(k_cache=k_cache, v_cache=v_cache)
     ks = V._norm_kv_scale("k_scale", k_scale, k_cache.dtype, g.num_kv_heads, dev)
     vs = V._norm_kv_scale("v_scale", v_scale, k_cache.dtype, g.num_kv_heads, dev)
     key = None
@@ -346,7 +353,16 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if k.shape[0] == 0:
         return
     impl.store_kv(k, v, k_cache, v_cache, slot_mapping, layout=layout, geom=g, k_scale=ks,
-                  v_scale=vs)
+                  v_scale=vs, errors=errors)
+
+
+def _check_no_overlap(**caches):
+    """Write targets must not alias themselves: a stride-0 (expanded) dim of size > 1 would
+    send several writes to one element."""
+    for name, c in caches.items():
+        if any(st == 0 and n > 1 for n, st in zip(c.shape, c.stride())):
+            raise ValueError(f"{name}: a write target with a stride-0 (expanded) dimension, "
+                             f"shape {tuple(c.shape)} strides {c.stride()}: the writes would alias")
 
 
 def copy_blocks(k_cache: Union[torch.Tensor, Sequence[torch.Tensor]],
@@ -367,6 +383,11 @@ def copy_blocks(k_cache: Union[torch.Tensor, Sequence[torch.Tensor]],
     errors : torch.Tensor, optional
         int32 ``[1]``: the number of skipped pairs is added to it (no host sync).
 
+    Raises
+    ------
+    TypeError, ValueError
+        on a malformed argument, a stride-0 (expanded) cache among them: its writes would alias.
+
     Examples
     --------
     >>> import torch, pagedattn as pa
@@ -384,6 +405,7 @@ def copy_blocks(k_cache: Union[torch.Tensor, Sequence[torch.Tensor]],
         V.check_tensor(f"cache[{i}]", c, dtypes=V.KV_DTYPES, device=dev, last_contig=False)
         if c.shape[0] != ks[0].shape[0]:
             raise ValueError(f"cache[{i}]: num_blocks {c.shape[0]} differs from {ks[0].shape[0]}")
+        _check_no_overlap(**{f"cache[{i}]": c})
     if not isinstance(block_mapping, torch.Tensor):
         block_mapping = torch.tensor(list(block_mapping), dtype=torch.int64).reshape(-1, 2)
     V.check_tensor("block_mapping", block_mapping, dtypes=(torch.int32, torch.int64),
@@ -394,6 +416,7 @@ def copy_blocks(k_cache: Union[torch.Tensor, Sequence[torch.Tensor]],
     block_mapping = block_mapping.reshape(-1, 2).to(device=dev, dtype=torch.int64)
     name, impl = dispatch.resolve("copy_blocks", backend, q=None, k_cache=ks[0], layout=None,
                                   geom=None)
+    errors = V.check_errors(errors, dev)
     if V.validate_enabled(validate, name) and block_mapping.numel():
         m = block_mapping.cpu()
         n = ks[0].shape[0]
@@ -406,5 +429,5 @@ def copy_blocks(k_cache: Union[torch.Tensor, Sequence[torch.Tensor]],
             raise ValueError("block_mapping: a destination block is also a source")
     if block_mapping.numel() == 0:
         return
-    impl.copy_blocks(caches, block_mapping)
+    impl.copy_blocks(caches, block_mapping, errors=errors)
 

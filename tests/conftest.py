@@ -3,6 +3,11 @@
 No GPU: tests run on the CPU and Triton kernels run under the interpreter (TRITON_INTERPRET=1 is
 set before anything imports triton). `gpu` tests are skipped with the reason; `hip` tests need the
 HIP backend built for the device; `slow` tests need PAGEDATTN_SLOW=1.
+
+Tests run in the default mode of the public ops, as a user's calls do: no device-data validation
+(PAGEDATTN_VALIDATE unset), so the kernels' own guards are what runs. Tests of validation mode pass
+``validate=True``, use the torch backend (which validates by default), or take the
+``validation_mode`` fixture.
 """
 import os
 
@@ -12,7 +17,6 @@ import torch
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-os.environ.setdefault("PAGEDATTN_VALIDATE", "1")
 # triton.jit picks the interpreter when a kernel is decorated, i.e. when its module is first
 # imported. Import every Triton kernel module now, under this tier's setting: dispatch tests
 # monkeypatch TRITON_INTERPRET and may trigger the first import, which can leave an xdist worker's
@@ -60,6 +64,13 @@ def _no_recorded_launches():
     if triton_available():
         from pagedattn.triton_kernels import _replay
         _replay.clear()
+
+
+@pytest.fixture
+def validation_mode(monkeypatch):
+    """PAGEDATTN_VALIDATE=1 for one test: the device-data checks on for every public op and for
+    entry points that take no ``validate`` argument (the compat layers)."""
+    monkeypatch.setenv("PAGEDATTN_VALIDATE", "1")
 
 
 @pytest.fixture

@@ -132,10 +132,13 @@ def test_three_request_batch_of_reference_3_3():
     k_cache = torch.randn(256, 1, 2, 32, generator=gen, dtype=torch.float64)  # bshd, block 1
     v_cache = torch.randn(256, 1, 2, 32, generator=gen, dtype=torch.float64)
     q = torch.randn(6, 4, 32, generator=gen, dtype=torch.float64)
-    out = pa.extend_attention(q, k_cache, v_cache, table, qo_indptr, seq_lens, layout="bshd",
-                              backend="torch") if False else R.extend_attention(
-        q, k_cache, v_cache, table, qo_indptr, seq_lens, layout="bshd",
-        compute_dtype=torch.float64)
+    out = R.extend_attention(q, k_cache, v_cache, table, qo_indptr, seq_lens, layout="bshd",
+                             compute_dtype=torch.float64)
+    # the public op (float32: the dtypes it takes) on every CPU backend gives the same rows
+    for backend in ("torch", "triton"):
+        got = pa.extend_attention(q.float(), k_cache.float(), v_cache.float(), table, qo_indptr,
+                                  seq_lens, layout="bshd", backend=backend)
+        assert_attn_close(got, out, torch.float32, what=f"backend {backend}")
     # request 0, query 0 (absolute position 4) sees slots 108..111 and 42 only
     slots = [108, 109, 110, 111, 42]
     ro, _ = dense_attention(q[0:1], k_cache[slots, 0], v_cache[slots, 0], [4], scale=32 ** -0.5)
@@ -214,3 +217,53 @@ def test_harness_self_test():
     del out2
     with pytest.raises(AssertionError):
         assert_attn_close(out[0] * float("nan"), ref, torch.float16)
+
+
+@pytest.mark.parametrize("op", ["decode", "extend"])
+def test_kv_scales_are_ignored_for_non_fp8_caches(op):
+    """k_scale/v_scale dequantise fp8 caches only: on an fp32 cache every backend gives the
+    unscaled result (the torch backend once multiplied by them: off by up to 2.2 at 0.37/3.1)."""
+    gen = torch.Generator().manual_seed(21)
+    lens = [9, 23]
+    b = make_paged_batch(lens, num_kv_heads=2, head_dim=64, block_size=4, layout="bhsd",
+                         dtype=torch.float32, device="cpu", gen=gen)
+    if op == "decode":
+        q = torch.randn(2, 4, 64, generator=gen)
+        args = (q, b.k_cache, b.v_cache, b.block_table, b.seq_lens)
+        fn, ref = pa.paged_decode, R.paged_decode(*args)
+    else:
+        q = torch.randn(5, 4, 64, generator=gen)
+        cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+        args = (q, b.k_cache, b.v_cache, b.block_table, cu, b.seq_lens)
+        fn, ref = pa.extend_attention, R.extend_attention(*args)
+    for backend in ("torch", "triton"):
+        out = fn(*args, k_scale=0.37, v_scale=3.1, backend=backend)
+        assert_attn_close(out, ref, torch.float32, what=f"backend {backend}")
+
+
+TORCH_UNVALIDATED = [
+    # (op, block table, seq_lens, cu_seqlens_q or None, match)
+    ("decode", [[-1, 2]], [3], None, "block id"),  # -1 would index the last block
+    ("decode", [[1, 2]], [9], None, "capacity"),
+    ("decode", [[1, 2]], [-1], None, "negative"),
+    ("extend", [[1, 2]], [2], [0, 3], "negative prefix"),
+    ("extend", [[1, 3]], [5], [0, 3], "block id"),
+    ("extend", [[1, 2]], [5], [0, 2], "cu_seqlens_q"),
+]
+
+
+@pytest.mark.parametrize("case", TORCH_UNVALIDATED, ids=lambda c: f"{c[0]}-{c[4]}")
+def test_torch_backend_checks_device_data_without_validation(case):
+    """validate=False does not make the reference read out of place: it raises as validation."""
+    op, table, lens, cu, match = case
+    k, v = pa.make_kv_cache(3, 4, 1, 32, dtype=torch.float32)
+    k.normal_(), v.normal_()
+    table, lens = torch.tensor(table, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
+    with pytest.raises(ValueError, match=match):
+        if op == "decode":
+            pa.paged_decode(torch.randn(1, 2, 32), k, v, table, lens, backend="torch",
+                            validate=False)
+        else:
+            pa.extend_attention(torch.randn(3, 2, 32), k, v, table,
+                                torch.tensor(cu, dtype=torch.int32), lens, backend="torch",
+                                validate=False, max_q_len=3)

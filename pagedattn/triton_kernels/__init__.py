@@ -56,6 +56,6 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, **kw):
     return _module("store_kv").run(k, v, k_cache, v_cache, slot_mapping, **kw)
 
 
-def copy_blocks(caches, block_mapping):
-    return _module("copy_blocks").run(caches, block_mapping)
+def copy_blocks(caches, block_mapping, **kw):
+    return _module("copy_blocks").run(caches, block_mapping, **kw)
 
