@@ -35,6 +35,8 @@ def _compile_all(arch: str):
     from pagedattn.triton_kernels import _extend_loop as EL
     from pagedattn.triton_kernels._decode_combine import _combine_kernel
     from pagedattn.triton_kernels._decode_kernels import _decode_kernel
+    from pagedattn.triton_kernels import block_copy as BC
+    from pagedattn.triton_kernels import kv_store as KS
     from pagedattn.triton_kernels.block_copy import _copy_blocks_kernel
     from pagedattn.triton_kernels.extend import _extend_fwd
     from pagedattn.triton_kernels.kv_store import _FP8_GRID, _store_kv_kernel
@@ -124,18 +126,22 @@ def _compile_all(arch: str):
             build(f"extend_d{d}_{loop}", _extend_fwd, cst, c.num_warps, c.num_stages,
                   extra=dict(waves_per_eu=c.waves_per_eu,
                              matrix_instr_nonkdim=c.matrix_instr_nonkdim))
-    for kv in (torch.bfloat16, torch.float8_e4m3fn):
+    for kv, dup in ((torch.bfloat16, False), (torch.float8_e4m3fn, True)):
         is8 = kv != torch.bfloat16
         mbits, emin = _FP8_GRID.get(kv, (0, 0))
         kvt = fp8.get(kv, "*bf16")
-        build(f"store_kv_{str(kv)[6:]}", _store_kv_kernel,
+        build(f"store_kv_{str(kv)[6:]}_dup{int(dup)}", _store_kv_kernel,
               dict(D=128, BS=16, BLOCK_D=128, K_X=8, K_SPLIT=True, K_LO_ONE=True, V_LO_ONE=True,
                    FP8=is8, FMAX=float(torch.finfo(kv).max) if is8 else 0.0, MBITS=mbits,
-                   EMIN=emin, **guard), 1, ptrs={"k_cache_ptr": kvt, "v_cache_ptr": kvt})
-    for flat in (True, False):
-        build(f"copy_blocks_flat{int(flat)}", _copy_blocks_kernel,
-              dict(N2=16, N3=8, N4=16, FLAT=flat, BLOCK=4096, **guard), 4,
-              ptrs={"cache_ptr": "*i16", "block_mapping_ptr": "*i64"})
+                   EMIN=emin, DUP_MASK=dup, BLOCK_T=KS.BLOCK_T, **guard), 1,
+              ptrs={"k_cache_ptr": kvt, "v_cache_ptr": kvt, "dup_ptr": "*u8",
+                    "errors_ptr": "*i32"})
+    for flat, mask in ((True, False), (False, True)):
+        build(f"copy_blocks_flat{int(flat)}_mask{int(mask)}", _copy_blocks_kernel,
+              dict(N2=16, N3=8, N4=16, FLAT=flat, BLOCK=4096, CLASH_MASK=mask,
+                   BLOCK_P=BC.BLOCK_P, **guard), 4,
+              ptrs={"cache_ptr": "*i16", "block_mapping_ptr": "*i64", "clash_ptr": "*u8",
+                    "errors_ptr": "*i32"})
 
 
 @pytest.mark.parametrize("arch", ["gfx90a", "gfx942"])
