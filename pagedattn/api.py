@@ -1,4 +1,5 @@
 """Public ops: validate once, pick a backend (pagedattn.dispatch), run it."""
+import operator
 from typing import Optional, Sequence, Union
 
 import torch
@@ -193,9 +194,11 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     scale, k_scale, v_scale, sliding_window, logit_cap, alibi_slopes, sinks, backend, out,
     return_lse, validate, errors
         as in :func:`paged_decode`. Without validation the kernels guard the device data: a
-        request whose query range (cu_seqlens_q non-monotone or outside q, Lq > max_q_len),
-        length (Lq > Lk, beyond the table), block ids or mask range are invalid gets NaN rows;
-        when cu_seqlens_q itself is not monotone every request's rows are NaN.
+        request whose query range (cu_seqlens_q non-monotone or outside q), length (Lq > Lk,
+        beyond the table, beyond the grid's query blocks that max_q_len sizes), block ids or
+        mask range are invalid gets NaN rows; when cu_seqlens_q itself is invalid every row of
+        q is NaN. An Lq above max_q_len that still fits the grid's last query block computes
+        exactly.
 
     Returns
     -------
@@ -239,6 +242,14 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         V.check_shape("mask_indptr", mask_indptr, (nseq + 1,))
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if max_q_len is not None:
+        try:
+            max_q_len = operator.index(max_q_len)
+        except TypeError:
+            raise TypeError(f"max_q_len: expected an int, got {type(max_q_len).__name__}") from None
+        if max_q_len < 1 and q.shape[0] > 0:
+            raise ValueError(f"max_q_len: expected >= 1 (q has {q.shape[0]} rows), got "
+                             f"{max_q_len}")
     opts = V.attn_options(q=q, g=g, kv_dtype=k_cache.dtype, scale=scale, k_scale=k_scale,
                           v_scale=v_scale, sliding_window=sliding_window, logit_cap=logit_cap,
                           alibi_slopes=alibi_slopes, sinks=sinks)

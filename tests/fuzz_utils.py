@@ -10,8 +10,10 @@ output. Checks:
 
 * no crash, and an exception only when the metadata is malformed, then ValueError or TypeError;
 * attention rows whose request's metadata is valid equal the float32 reference; rows of an invalid
-  request, or rows that see a key through a bad block id, are NaN in out and lse; a row that sees
-  only good keys of a request with a bad id elsewhere may be NaN or exact;
+  request (every row of q when cu_seqlens_q is invalid: not monotone, starting below 0 or ending
+  past q), or rows that see a key through a bad block id, are NaN in out and lse; a row that sees
+  only good keys of a request with a bad id elsewhere, or of a request whose Lq exceeds
+  max_q_len, may be NaN or exact;
 * the caches are untouched by attention ops and by a raise; store_kv and copy_blocks write exactly
   the entries the guards keep, and nothing else;
 * the errors counter is > 0 exactly when rows were guarded (NaN), and for store_kv and copy_blocks
@@ -68,6 +70,8 @@ def attention_rows(case, mask=None):
     if case["op"] == "extend":
         cu, t = case["cu"], case["num_tokens"]
         mono = all(a <= b for a, b in zip(cu, cu[1:]))
+        if not mono or cu[0] < 0 or cu[-1] > t:  # an invalid cu_seqlens_q: every row of q
+            return [(r, 0, 0, NAN) for r in range(t)]
         spans = [(cu[b], cu[b + 1]) for b in range(len(lens))]
     else:
         lq = case.get("q_len", 1)
@@ -77,15 +81,16 @@ def attention_rows(case, mask=None):
         nq, nk = q1 - q0, lens[b]
         if case["op"] == "extend":
             need = nk - nq if case["k_new"] else nk
-            bad = not mono or q0 < 0 or q1 > t or nk < 0 or nq > nk or need > cap \
-                or (case["max_q_len"] is not None and nq > case["max_q_len"])
+            bad = nk < 0 or nq > nk or need > cap
+            # Lq above max_q_len: NaN past the grid's query blocks, exact within the last one
+            over = case["max_q_len"] is not None and nq > case["max_q_len"]
             mi = case.get("mask_indptr")
             if mi is not None and nq > 0 and not bad:
                 bad = mi[b] < 0 or mi[b] + nq * nk > case["mask_len"]
             own = range(max(q0, 0), min(q1, t))
             keys = [(r, r - q0) for r in own]
         else:
-            need = nk
+            need, over = nk, False
             bad = nk < 0 or nk > cap or (lq > 1 and nk < lq)
             keys = [((b, i) if case.get("q4") else (b,), i) for i in range(lq)]
         if bad:
@@ -98,7 +103,7 @@ def attention_rows(case, mask=None):
         for r, i in keys:
             p = nk - nq + i
             seen = {j for j in bad_pos if _visible(case, mask, b, i, j, p, nq, nk, win)}
-            rows.append((r, b, i, NAN if seen else EITHER if bad_pos else EXACT))
+            rows.append((r, b, i, NAN if seen else EITHER if bad_pos or over else EXACT))
     return rows
 
 

@@ -155,7 +155,7 @@ def test_extend_identity_indices_and_skip_prefix(peer):
         assert_attn_close(outs[1], ref, torch.float16)
 
 
-def test_context_bound_gives_the_same_result_and_pages_are_checked():
+def test_context_bound_gives_the_same_result_and_pages_are_checked(validation_mode):
     gen = torch.Generator().manual_seed(31)
     lens = [37, 5]
     b = paged(lens, page_size=16, gen=gen)

@@ -134,7 +134,7 @@ def _malform(draw, case, kind):
     elif kind == "len_negative":
         lens[b] = draw(st.sampled_from([-1, -5, -2 ** 31]))
     elif kind == "len_huge":
-        lens[b] = draw(st.sampled_from([INT32_MAX, 2 ** 31 - cap, INT32_MAX - nq]))
+        lens[b] = draw(st.sampled_from([INT32_MAX, 2 ** 31 - cap, INT32_MAX - max(nq, 0)]))
     elif kind == "q_over_len":
         if nq < 1:
             return False

@@ -71,7 +71,7 @@ def _store_one_slot_late(k, v, k_cache, v_cache, slot_mapping, **kw):
                              k_scale=kw["k_scale"], v_scale=kw["v_scale"])
 
 
-def _copy_all_but_last(caches, block_mapping):
+def _copy_all_but_last(caches, block_mapping, **kw):
     torch_backend.R.copy_blocks(caches, block_mapping[:-1])
 
 

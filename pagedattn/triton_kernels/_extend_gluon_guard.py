@@ -34,6 +34,14 @@ def request_ok(cu_ptr, q0, lq, lk, bt_row, cap, nblk, T, num_warps: gl.constexpr
 
 
 @gluon.jit
+def nan_span(cu_ptr, b, q0, lq, T, num_warps: gl.constexpr):
+    """The rows an invalid request's program writes NaN over: its own, or, when cu_seqlens_q
+    itself is invalid, every row of q (request 0's program) and none (the others)."""
+    cu_ok = _cu_monotone(cu_ptr, gl.num_programs(2), T, num_warps)
+    return gl.where(cu_ok, q0, 0), gl.where(cu_ok, lq, gl.where(b == 0, T, 0))
+
+
+@gluon.jit
 def nan_rows(out_ptr, lse_ptr, err_ptr, q0, lq, T, kvh, stride_ot, stride_oh, stride_lt,
              stride_lh, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, RETURN_LSE: gl.constexpr,
              HAS_ERR: gl.constexpr, num_warps: gl.constexpr):

@@ -9,7 +9,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy,
 
 from pagedattn.triton_kernels._extend_gluon import (_epilogue, _head_bases, _ids, _issue,
                                                     _key_range, _load_q, _program, _softmax)
-from pagedattn.triton_kernels._extend_gluon_guard import nan_rows, request_ok
+from pagedattn.triton_kernels._extend_gluon_guard import nan_rows, nan_span, request_ok
 
 
 @gluon.jit
@@ -157,8 +157,9 @@ def extend_fwd_sm90_ws(
     if GUARD:  # an invalid request: NaN rows (its first query block's program), no key loop
         if request_ok(cu_ptr, q0, lq, lk, bt_row, BT_W * PAGE, NBLK, T, num_warps, BLOCK_Q,
                       PAGE) == 0:
-            if tok0 == 0:
-                nan_rows(out_ptr, lse_ptr, err_ptr, q0, lq, T, kvh, stride_ot, stride_oh,
+            if tok0 == 0:  # a bad cu_seqlens_q: request 0's program takes every row of q
+                r0, nr = nan_span(cu_ptr, b, q0, lq, T, num_warps)
+                nan_rows(out_ptr, lse_ptr, err_ptr, r0, nr, T, kvh, stride_ot, stride_oh,
                          stride_lt, stride_lh, GROUP, HEAD_DIM, RETURN_LSE, HAS_ERR, num_warps)
             return
     if tok0 >= lq:

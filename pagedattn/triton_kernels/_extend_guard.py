@@ -7,7 +7,8 @@ below a real Lq), Lk (or, with k_new, the cached prefix Lk - Lq) fits the block 
 table entry of the keys it reads names a block of the cache, and, with a custom mask, its
 [Lq, Lk] block lies inside the mask. The checks run before the key loops, which never start for
 an invalid request: the first query block's program writes NaN over the request's rows (out and
-lse) when its range [cu[b], cu[b+1]) lies inside q, counts them, and every program returns.
+lse), or over every row of q when cu_seqlens_q itself is invalid (request 0's program), counts
+them, and every program returns.
 Costs: one scan of cu_seqlens and one of the request's table row per program, beside the
 loads that precede the key loops.
 """

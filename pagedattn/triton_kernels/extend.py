@@ -84,14 +84,15 @@ def _extend_fwd(
     tok0 = mblk * BLOCK_Q
     lk = tl.load(lens_ptr + b).to(tl.int64)
     if GUARD:  # an invalid request: NaN rows (its first query block's program), no key loop
-        ok = GD.request_ok(GD.cu_monotone(cu_ptr, tl.num_programs(2), T), q0, lq, lk, bt_row,
-                           mask_indptr_ptr, b, bt_w * PAGE, NBLK, MASK_N,
-                           tl.num_programs(0) * BLOCK_Q, PAGE, NEW_FROM_CACHE, HAS_MASK)
+        cu_ok = GD.cu_monotone(cu_ptr, tl.num_programs(2), T)
+        ok = GD.request_ok(cu_ok, q0, lq, lk, bt_row, mask_indptr_ptr, b, bt_w * PAGE, NBLK,
+                           MASK_N, tl.num_programs(0) * BLOCK_Q, PAGE, NEW_FROM_CACHE, HAS_MASK)
         if ok == 0:
-            if tok0 == 0:
-                GD.nan_rows(out_ptr, lse_ptr, err_ptr, q0, lq, T, kvh, stride_ot, stride_oh,
-                            stride_lt, stride_lh, GROUP, GROUP_P, HEAD_DIM, HEAD_DIM_P, BLOCK_Q,
-                            RETURN_LSE, HAS_ERR)
+            if tok0 == 0:  # a bad cu_seqlens_q: request 0's program takes every row of q
+                GD.nan_rows(out_ptr, lse_ptr, err_ptr, tl.where(cu_ok, q0, 0),
+                            tl.where(cu_ok, lq, tl.where(b == 0, T, 0)), T, kvh, stride_ot,
+                            stride_oh, stride_lt, stride_lh, GROUP, GROUP_P, HEAD_DIM,
+                            HEAD_DIM_P, BLOCK_Q, RETURN_LSE, HAS_ERR)
             return
     # NOTE the one-pass loop has no early exit: the branch held lk and the first tile's ids behind
     # the round trip for cu_seqlens (three dependent round trips before the first K/V tile, two
