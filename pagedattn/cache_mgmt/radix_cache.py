@@ -23,7 +23,6 @@ descendant.
 """
 from __future__ import annotations
 
-import struct
 
 import numpy as np
 import torch
@@ -36,7 +35,6 @@ from .token_pool import PagedTokenPool, TokenPool
 
 __all__ = ["RadixCache", "MatchResult", "NodeInfo", "encode_tokens"]
 
-_pack = struct.pack
 _new_tuple = tuple.__new__   # builds a MatchResult without NamedTuple.__new__'s argument parsing
 
 
@@ -104,13 +102,7 @@ class RadixCache:
         LFU hits; the lower half of a split counts as touched, as in SGLang). Does not lock:
         call `inc_lock_ref(result.last_node)` before using `indices`.
         """
-        if type(tokens) is list:
-            try:
-                key = _pack(f"{len(tokens)}q", *tokens)
-            except struct.error:
-                key = encode_tokens(tokens)          # raises the typed error
-        else:
-            key = encode_tokens(tokens)
+        key = encode_tokens(tokens)
         root = self._roots.get(extra_key)
         if root is None:
             root = self._root(extra_key)

@@ -18,7 +18,6 @@ Regions of `tokens` (E = end of the cached part, N = page-aligned length)::
 """
 from __future__ import annotations
 
-import struct
 from array import array
 
 import numpy as np
@@ -34,7 +33,6 @@ try:   # NOTE: np.count_nonzero's Python-level dispatch costs 4x its C work on a
     from numpy._core.multiarray import count_nonzero as _nonzero
 except ImportError:  # pragma: no cover - other numpy layouts
     _nonzero = np.count_nonzero
-_pack = struct.pack
 _REUSABLE = (list, tuple, array)   # sequences whose encoding a match result carries
 
 
@@ -47,11 +45,6 @@ def insert_tokens(c, tokens, indices, extra_key, start):
         key, have, reused = start.key, len(start.key) >> 3, True
         if len(tokens) > have:                 # appended to since the match
             key = key + encode_tokens(tokens[have:])
-    elif t is list:
-        try:
-            key = _pack(f"{len(tokens)}q", *tokens)
-        except struct.error:
-            key = encode_tokens(tokens)        # raises the typed error
     else:
         key = encode_tokens(tokens)
     pb, n = c._pb, len(key)
