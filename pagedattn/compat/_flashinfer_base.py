@@ -23,6 +23,18 @@ def alibi_slopes(num_heads: int, device) -> torch.Tensor:
     return torch.tensor(s, dtype=torch.float32, device=device)
 
 
+
+def refuse_run_extras(args, skip_softmax_threshold_scale_factor, kv_cache_sf):
+    """The ``run`` arguments of FlashInfer's wrappers that have no pagedattn counterpart."""
+    if args:
+        refuse("*args", args, "custom-kernel arguments have no pagedattn kernel to go to")
+    if skip_softmax_threshold_scale_factor is not None:
+        refuse("skip_softmax_threshold_scale_factor", skip_softmax_threshold_scale_factor,
+               "pagedattn computes exact softmax; leave it None")
+    if kv_cache_sf is not None:
+        refuse("kv_cache_sf", "<tensor>", "NVFP4 and per-token scale caches are not read; "
+               "use an fp8 cache with k_scale/v_scale")
+
 class WrapperBase:
     """Constructor checks and per-run helpers of the compat FlashInfer wrappers."""
 

@@ -8,7 +8,7 @@ import torch
 from pagedattn import validation as V
 from pagedattn.api import extend_attention
 from pagedattn.compat._common import _host_int, page_metadata, refuse
-from pagedattn.compat._flashinfer_base import WrapperBase
+from pagedattn.compat._flashinfer_base import WrapperBase, refuse_run_extras
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,14 +201,7 @@ class BatchPrefillWithPagedKVCacheWrapper(WrapperBase):
         ``run``; ``lse_base`` ``"log2"`` or ``"ln"``, ``lse_layout`` ``"NH"`` or ``"HN"``;
         ``window_left`` overrides the plan's for this call.
         """
-        if args:
-            refuse("*args", args, "custom-kernel arguments have no pagedattn kernel to go to")
-        if skip_softmax_threshold_scale_factor is not None:
-            refuse("skip_softmax_threshold_scale_factor", skip_softmax_threshold_scale_factor,
-                   "pagedattn computes exact softmax; leave it None")
-        if kv_cache_sf is not None:
-            refuse("kv_cache_sf", "<tensor>", "NVFP4 and per-token scale caches are not read; "
-                   "use an fp8 cache with k_scale/v_scale")
+        refuse_run_extras(args, skip_softmax_threshold_scale_factor, kv_cache_sf)
         if uses_spcompress:
             refuse("uses_spcompress", uses_spcompress, "a trtllm-gen cubin variant")
         if lse_base not in ("log2", "ln"):

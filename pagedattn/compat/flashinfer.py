@@ -23,7 +23,7 @@ import torch
 
 from pagedattn import validation as V
 from pagedattn.compat._common import LOG2E, page_metadata, refuse
-from pagedattn.compat._flashinfer_base import WrapperBase
+from pagedattn.compat._flashinfer_base import WrapperBase, refuse_run_extras
 from pagedattn.compat._flashinfer_prefill import BatchPrefillWithPagedKVCacheWrapper
 from pagedattn.plan import plan_decode, run_decode
 
@@ -174,14 +174,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WrapperBase):
             out ``[batch_size * q_len_per_req, num_qo_heads, head_dim]`` in q's dtype
             [, base-2 lse ``[batch_size * q_len_per_req, num_qo_heads]`` float32].
         """
-        if args:
-            refuse("*args", args, "custom-kernel arguments have no pagedattn kernel to go to")
-        if skip_softmax_threshold_scale_factor is not None:
-            refuse("skip_softmax_threshold_scale_factor", skip_softmax_threshold_scale_factor,
-                   "pagedattn computes exact softmax; leave it None")
-        if kv_cache_sf is not None:
-            refuse("kv_cache_sf", "<tensor>", "NVFP4 and per-token scale caches are not read; "
-                   "use an fp8 cache with k_scale/v_scale")
+        refuse_run_extras(args, skip_softmax_threshold_scale_factor, kv_cache_sf)
         st = self._require_plan()
         if window_left is not None and window_left != self._window_left:
             raise ValueError(f"window_left: {window_left} differs from the plan's "
