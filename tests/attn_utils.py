@@ -241,9 +241,9 @@ def dense_attention(q, k, v, q_pos, *, scale, causal=True, window=None, cap=None
     return out, lse
 
 
-def replay_in_cuda_graph(step, out: torch.Tensor):
-    """Capture ``step()`` in a CUDA graph and replay it once over a NaN-poisoned ``out``: one call
-    on a side stream first (the allocator's warm-up for the capture), as torch documents."""
+def capture_graph(step):
+    """``step()`` captured in a CUDA graph, after one call on a side stream (the allocator's
+    warm-up for the capture), as torch documents."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -252,6 +252,12 @@ def replay_in_cuda_graph(step, out: torch.Tensor):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
+    return graph
+
+
+def replay_in_cuda_graph(step, out: torch.Tensor):
+    """Capture ``step()`` in a CUDA graph and replay it once over a NaN-poisoned ``out``."""
+    graph = capture_graph(step)
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from attn_utils import assert_attn_close, make_paged_batch
+from attn_utils import assert_attn_close, capture_graph, make_paged_batch
 from compat_batches import flashinfer_pages, token_pool, token_slots
 from pagedattn import reference as R
 from pagedattn.compat import flashinfer as F
@@ -13,19 +13,6 @@ from pagedattn.compat import sglang as S
 from pagedattn.compat import vllm as VL
 
 pytestmark = pytest.mark.gpu
-
-
-def _capture(step):
-    """Warm up on a side stream (the allocator's warm-up), then capture ``step`` once."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph
 
 
 def _pool(lens, device, gen, **kw):
@@ -57,7 +44,7 @@ def test_flashinfer_decode_graph_replays_a_new_plan(device, monkeypatch):
         w.plan(*flashinfer_pages(sub), 32, 8, 128, 16)
         q.copy_(torch.randn(2, 32, 128, generator=gen).half())
         if graph is None:
-            graph = _capture(lambda: w.run(q, (b.k_cache, b.v_cache), out=out))
+            graph = capture_graph(lambda: w.run(q, (b.k_cache, b.v_cache), out=out))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
@@ -85,7 +72,7 @@ def test_sglang_decode_graph_with_a_context_bound(device, monkeypatch):
             indices.zero_()[: ix.numel()].copy_(ix)
             q.copy_(torch.randn(2, 32, 128, generator=gen).half())
             if graph is None:
-                graph = _capture(lambda: S.decode_attention_fwd(
+                graph = capture_graph(lambda: S.decode_attention_fwd(
                     q, kb, vb, o, indptr, indices, None, None, None, 8, 128 ** -0.5, 1.0, 1.0,
                     page_size=16))
             o.fill_(float("nan"))
@@ -114,7 +101,7 @@ def test_vllm_unified_decode_graph(device, monkeypatch):
         lens.copy_(sub.seq_lens)
         q.copy_(torch.randn(2, 32, 128, generator=gen).half())
         if graph is None:
-            graph = _capture(lambda: VL.unified_attention(
+            graph = capture_graph(lambda: VL.unified_attention(
                 q, b.k_cache, b.v_cache, out, cu, 1, lens, 1024, 128 ** -0.5, True, (-1, -1),
                 table, 0.0, None, None, None))
         out.fill_(float("nan"))

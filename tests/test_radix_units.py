@@ -13,18 +13,9 @@ from pagedattn.cache_mgmt.radix_integrity import iter_nodes
 from pagedattn.cache_mgmt.radix_lifecycle import (admit_req, cache_finished_req, owned_slots,
                                                   release_pending, schedule_order)
 from pagedattn.cache_mgmt.token_pool import PagedTokenPool, TokenPool
+from test_radix_checks import put
 
 PAGE_SIZES = [1, 2, 4, 16]
-
-
-def put(cache, toks, extra_key=None):
-    """Insert `toks` with fresh slots, free the duplicates; returns the slots."""
-    ps = cache.page_size
-    slots = cache.pool.alloc(-(-len(toks) // ps) * ps)
-    got = cache.insert(toks, slots, extra_key=extra_key)
-    a = len(toks) - len(toks) % ps
-    cache.pool.free(torch.cat([slots[:got], slots[a:]]))
-    return slots
 
 
 def test_split_example_abcdef_abcxyz():
