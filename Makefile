@@ -37,7 +37,7 @@ $(VENV_GT)/.installed: $(VENV)/.installed
 test-gpu-triton: $(VENV_GT)/.installed
 	$(VENV_GT)/bin/python -c "import triton; assert triton.__version__ == '$(GPU_TRITON)'"
 	$(VENV_GT)/bin/python -m pytest -q tests/test_triton_decode_compile.py \
-		tests/test_triton_extend_compile.py -k "compile"
+		tests/test_triton_extend_compile.py tests/test_triton_store_copy.py -k "compile"
 
 # A GPU machine (NVIDIA, AMD or Hygon): torch and triton are preinstalled, so nothing is
 # installed (FlashInfer wheels carried in .whl/ are unpacked to /tmp/site); the self-check, the
