@@ -109,30 +109,21 @@ class RadixCache:
         pb, n = self._pb, len(key)
         if pb != _TB:
             n -= n % pb
-        node, pos, vals = root, 0, []
+        node, vals = root, []
         if n:
-            kids, keys, valt, time, loc = self._kids, self._key, self._val, self._time, \
-                self._index.loc
-            lfu = self._index.lfu
+            path, node, _, cut, m = self._find(root, key, 0, n)
             self._clock = clock = self._clock + 1
-            while pos < n:
-                ch = kids.get(node)
-                c = ch.get(key[pos:pos + pb]) if ch else None
-                if c is None:
-                    break
-                ck = keys[c]
-                if key.startswith(ck, pos, n):       # memcmp, no copy; c must end by n
-                    pos += len(ck)
-                else:                                # the match ends inside c: cut it there
-                    c = self._split(c, self._common(ck, key, pos, n))
-                    pos = n
+            if cut:                                  # the match ends inside cut: split it there
+                node = self._split(cut, m)           # stamps both halves
+                path.append(node)
+            valt, time, loc, lfu = self._val, self._time, self._index.loc, self._index.lfu
+            for c in path:
                 time[c] = clock
                 if lfu:
                     self._hits[c] = self._hits.get(c, 0) + 1
                 if c in loc:
                     self._index.touch(c)
                 vals.append(valt[c])
-                node = c
         if not vals:
             out = np.empty(0, np.int64)
         else:
