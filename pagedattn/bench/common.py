@@ -309,3 +309,20 @@ def decision(op: str, *args, **kwargs):
     from pagedattn import dispatch
 
     return dispatch.explain(op, *args, quiet=True, **kwargs)
+
+
+def with_env(fn, **env):
+    """fn, called with the environment variables ``env`` set (restored after each call): an A/B
+    peer that runs the same op under an internal override (PAGEDATTN_DEV_*)."""
+    def run():
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return fn()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return run

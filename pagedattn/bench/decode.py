@@ -32,6 +32,7 @@ import os
 import statistics
 import sys
 
+from pagedattn.bench import common as C
 from pagedattn.bench.common import time_fn
 
 SHAPES = [(1, 32768), (8, 8192), (64, 4096), (256, 2048), (128, 512)]
@@ -90,22 +91,6 @@ def _ours(q, k, v, table, lens, out, backend, kv_scale=None):
     kw = dict(k_scale=kv_scale, v_scale=kv_scale) if kv_scale is not None else {}
     return lambda: pa.paged_decode(q, k, v, table, lens, backend=backend, out=out,
                                    validate=False, **kw)
-
-
-def _with_env(fn, **env):
-    """fn, called with the environment variables ``env`` set (restored after each call)."""
-    def run():
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return fn()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-    return run
 
 
 def _sdpa(q, k, v, table, lens, bs):
@@ -216,14 +201,14 @@ def main(argv=None):
                 out = torch.empty_like(q)
                 peers = {"triton": lambda: _ours(q, k, v, table, lens, out, "triton")}
                 if device == "cuda":  # each decode kernel of the Triton backend alone
-                    peers["triton_tl"] = lambda: _with_env(
+                    peers["triton_tl"] = lambda: C.with_env(
                         _ours(q, k, v, table, lens, out, "triton"),
                         PAGEDATTN_DEV_DECODE_KERNEL="triton")
-                    peers["triton_gluon"] = lambda: _with_env(
+                    peers["triton_gluon"] = lambda: C.with_env(
                         _ours(q, k, v, table, lens, out, "triton"),
                         PAGEDATTN_DEV_DECODE_KERNEL="gluon")
                     # the guards' cost, in the same rounds: what auto runs, compiled without
-                    peers["triton_noguard"] = lambda: _with_env(
+                    peers["triton_noguard"] = lambda: C.with_env(
                         _ours(q, k, v, table, lens, out, "triton"), PAGEDATTN_DEV_GUARDS="0")
                 if device == "cuda":
                     peers["hip"] = lambda: _ours(q, k, v, table, lens, out, "hip")
@@ -265,7 +250,6 @@ def main(argv=None):
                 if device == "cuda":
                     torch.cuda.empty_cache()
     df = pd.DataFrame(rows)
-    from pagedattn.bench import common as C
     header = C.results_header(device=device, ceilings={"read_GBps": bw / 1e9})
     header.update(dtype=str(dtype), D=str(D), layout="bhsd")
     notes = [f"read bandwidth ({bw_how}; bytes read / time); GB/s of each: "

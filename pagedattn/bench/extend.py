@@ -129,19 +129,6 @@ def _time(fn, device):
     return time.perf_counter() - t
 
 
-def _no_guards(fn):
-    """fn, run with the kernels' metadata guards compiled out (PAGEDATTN_DEV_GUARDS=0)."""
-    from pagedattn import config
-
-    def run():
-        restore = config.override("PAGEDATTN_DEV_GUARDS", "0")
-        try:
-            return fn()
-        finally:
-            restore()
-    return run
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m pagedattn.bench extend",
                                 description=__doc__.split("\n")[0])
@@ -169,8 +156,8 @@ def main(argv=None) -> int:
         f = flops(batch, prefix, extend)
         peers = [("triton", lambda: (run_triton(x, extend, a.new_from), ""))]
         if device == "cuda":  # the guards' cost: the same kernel compiled without them
-            peers.append(("triton noguard", lambda: (_no_guards(run_triton(x, extend,
-                                                                           a.new_from)), "")))
+            peers.append(("triton noguard", lambda: (C.with_env(
+                run_triton(x, extend, a.new_from), PAGEDATTN_DEV_GUARDS="0"), "")))
         peers.append(("torch sdpa", lambda: run_sdpa(x, batch, prefix, extend)))
         for be in fi_backends:
             peers.append((f"flashinfer {be}",
