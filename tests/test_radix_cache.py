@@ -80,7 +80,7 @@ def expected_victims(cache, n, prio):
 
 
 def evict_and_check(cache, n, prio=None):
-    """R6: evict(n) frees >= n, only unlocked leaves, all of them in one pool.free call
+    """R6: evict(n) frees >= n, only unlocked leaves, all of them in one pool call
     (victims' slots concatenated in eviction order); with `prio` (node -> sort key from a
     model), in exactly the brute-force order."""
     owner = {s: x for x in iter_nodes(cache) for s in cache.node(x).slots}
@@ -88,16 +88,16 @@ def evict_and_check(cache, n, prio=None):
     unlocked_leaf_ok = {x for x in iter_nodes(cache) if cache.node(x).lock_ref == 0}
     locked_before = set(tree_slots(cache, locked=True).tolist())
     want = expected_victims(cache, n, prio) if prio else None
-    calls, real_free = [], cache.pool.free
+    calls, real_free = [], cache.pool._release_cached
 
     def spy(slots):
         calls.append(np.asarray(slots).tolist())
         real_free(slots)
-    cache.pool.free = spy
+    cache.pool._release_cached = spy
     try:
         freed = cache.evict(n)
     finally:
-        del cache.pool.free
+        del cache.pool._release_cached
     assert len(calls) == (1 if n else 0)
     slots = calls[0] if calls else []
     got, pos = [], 0
@@ -290,7 +290,7 @@ class RadixMachine(RuleBasedStateMachine):
 
         def boom(slots):
             raise FlakyFree()
-        c.pool.free = boom
+        c.pool._release_cached = boom
         try:
             if n:
                 with pytest.raises(FlakyFree):
@@ -298,7 +298,7 @@ class RadixMachine(RuleBasedStateMachine):
             else:
                 assert c.evict(n) == 0
         finally:
-            del c.pool.free
+            del c.pool._release_cached
         after = (sorted(c.node(x) for x in iter_nodes(c)), c.evictable_size(),
                  c.protected_size(), c.pool.free_slots().tolist())
         assert after == before

@@ -27,10 +27,10 @@ def state(cache):
     """Everything a call could change: tree and index tables, counters, clock, pool."""
     tables = [dict(t) for t in (cache._key, cache._par, cache._lock, cache._time, cache._own,
                                 cache._hits)]
-    tables += [{k: v.tolist() for k, v in cache._val.items()},
+    tables += [dict(cache._val),
                {k: dict(v) for k, v in cache._kids.items()}]
     return (tables, sorted(cache._index.members()), cache.evictable_size(),
-            cache.protected_size(), cache._clock, cache._cached.nonzero()[0].tolist(),
+            cache.protected_size(), cache._clock, (cache.pool._state == 2).nonzero()[0].tolist(),
             sorted(cache.pool.free_slots().tolist()))
 
 
@@ -109,6 +109,22 @@ def test_insert_rejects_slots_it_does_not_own(ps, case):
     cache.check_integrity()
 
 
+@pytest.mark.parametrize("ps", [1, 4])
+def test_pool_free_refuses_slots_the_cache_holds(ps):
+    """Slots given to the tree go back only through evict: pool.free of a cached slot (a page's
+    first slot at ps > 1) raises ForeignId and frees nothing; evict then frees them."""
+    cache, held = _cache_with_keys(ps)
+    mine = cache.pool.alloc(ps)
+    before = state(cache)
+    for bad in (held, held[:ps], torch.cat([mine, held[:ps]])):
+        with pytest.raises(ForeignId, match="held by a radix cache"):
+            cache.pool.free(bad)
+        assert state(cache) == before
+    cache.pool.free(mine)
+    assert cache.evict(2 * ps) == 2 * ps and cache.pool.available_size() == cache.pool.size
+    cache.check_integrity()
+
+
 @pytest.mark.parametrize("ps", [3, 4])    # 3: not a power of two
 def test_insert_rejects_partial_pages(ps):
     cache = RadixCache.create_simulated(16 * ps, page_size=ps)
@@ -116,7 +132,8 @@ def test_insert_rejects_partial_pages(ps):
     bad = [torch.cat([s[ps - 1:ps], s[ps:2 * ps - 1]]),   # the end of one page, most of the next
            s[1:ps + 1],                                  # a run of ps slots, not page-aligned
            torch.cat([s[ps:2 * ps - 1], s[ps - 1:ps]]),   # a page's slots out of order
-           s[:ps].flip(0)]
+           s[:ps].flip(0),
+           s[:1].repeat(ps) | torch.arange(ps) // 2 * 2 + 1]  # odd head h: h | j repeats slots
     before = state(cache)
     for b in bad:
         with pytest.raises(ValueError, match="whole pages"):

@@ -1,4 +1,4 @@
-"""Radix cache: batched eviction frees (one pool.free per evict, victims put back when it
+"""Radix cache: batched eviction frees (one pool call per evict, victims put back when it
 raises: TESTING.md §D6 "nothing lost", §D8) and the garbage-collector footprint (no tracked
 object per node, no reference cycles)."""
 import gc
@@ -25,25 +25,25 @@ def _snapshot(cache):
     children in ascending order: the order of a children dict carries no meaning)."""
     return (sorted(cache.node(x) for x in iter_nodes(cache)), cache.evictable_size(),
             cache.protected_size(), sorted(cache.pool.free_slots().tolist()),
-            sorted(cache._index.members()), np.flatnonzero(cache._cached).tolist())
+            sorted(cache._index.members()), np.flatnonzero(cache.pool._state == 2).tolist())
 
 
 @pytest.mark.parametrize("ps", [1, 4])
 def test_evict_frees_all_victims_in_one_call(ps):
-    """Batched frees: one pool.free per evict, the victims' slots concatenated in eviction
-    order (promoted parents included); a call that evicts nothing does not call free."""
+    """Batched frees: one pool call per evict, the victims' slots concatenated in eviction
+    order (promoted parents included); a call that evicts nothing does not call the pool."""
     cache = RadixCache.create_simulated(64 * ps, page_size=ps)
     s1 = put(cache, [1] * ps + [2] * ps)
     s2 = put(cache, [1] * ps + [3] * ps)
     s3 = put(cache, [5] * ps)
-    calls, real = [], cache.pool.free
-    cache.pool.free = lambda slots: (calls.append(np.asarray(slots).tolist()), real(slots))
+    calls, real = [], cache.pool._release_cached
+    cache.pool._release_cached = lambda slots: (calls.append(np.asarray(slots).tolist()), real(slots))
     assert cache.evict(0) == 0 and calls == []
     assert cache.evict(3 * ps) == 3 * ps        # [2], [3], then the promoted parent [1]
     want = s1[ps:2 * ps].tolist() + s2[ps:2 * ps].tolist() + s1[:ps].tolist()
     assert calls == [want]
     assert cache.evict(ps) == ps and calls[1] == s3[:ps].tolist()
-    del cache.pool.free
+    del cache.pool._release_cached
     assert cache.total_size() == 0 and cache.pool.available_size() == cache.pool.size
     cache.check_integrity()
 
@@ -62,8 +62,8 @@ def test_evict_free_failure_puts_victims_back(ps):
         return cache, m
 
     def spy(cache):
-        calls, real = [], cache.pool.free
-        cache.pool.free = lambda slots: (calls.append(np.asarray(slots).tolist()), real(slots))
+        calls, real = [], cache.pool._release_cached
+        cache.pool._release_cached = lambda slots: (calls.append(np.asarray(slots).tolist()), real(slots))
         return calls
 
     cache, m = build()
@@ -73,10 +73,10 @@ def test_evict_free_failure_puts_victims_back(ps):
 
     def boom(slots):
         raise RuntimeError("free failed")
-    cache.pool.free = boom
+    cache.pool._release_cached = boom
     with pytest.raises(RuntimeError):
         cache.evict(n)
-    del cache.pool.free
+    del cache.pool._release_cached
     cache.check_integrity()
     assert _snapshot(cache) == before
     got, want = spy(cache), spy(twin)

@@ -253,10 +253,10 @@ def test_free_fails_during_evict_keeps_state():
     def boom(slots):
         calls.append(1)
         raise RuntimeError("free failed")
-    cache.pool.free = boom
+    cache.pool._release_cached = boom
     with pytest.raises(RuntimeError):
         cache.evict(4)
-    del cache.pool.free
+    del cache.pool._release_cached
     cache.check_integrity()
     assert cache.evictable_size() == 4 and cache.evict(4) == 4
 

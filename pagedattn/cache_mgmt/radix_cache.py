@@ -4,14 +4,14 @@ A compressed radix tree over token ids. Each edge (node) holds a key (its token 
 (the pool slots holding those tokens' KV). Sharing a prefix = sharing the path from the root.
 
 Performance design (see docs/radix_cache.md):
-* keys are `bytes` of int64 tokens: the per-node comparison `query[a:b] == key` is one memcmp
+* keys and values are `bytes` of int64 tokens and slots: the per-node comparison `query[a:b] == key` is one memcmp
   in C; children are keyed by the first page's bytes. A request is encoded once: the match
   result carries its key, and `insert(tokens, ..., start=match)` reuses it and resumes the walk
   at the matched node instead of the root;
 * no object per node: a node is an int id, and its fields live in per-field dicts (`_key`,
-  `_val`, `_par`, ...) whose keys and values (ints, bytes, numpy arrays, dicts of those) the
-  garbage collector does not track. The tree adds nothing to any collection, young or full;
-* values are int64 numpy arrays, copied on store; a match concatenates them in one call;
+  `_val`, `_par`, ...) whose keys and values (ints, bytes, dicts of those) the garbage
+  collector does not track. The tree adds nothing to any collection, young or full;
+* values are immutable copies; a match joins them and makes one tensor (`slots_tensor`);
 * eviction order is kept incrementally (radix_evict.py): `evict` never scans all leaves, and
   frees all its victims with one pool call.
 
@@ -25,12 +25,11 @@ from __future__ import annotations
 
 
 import numpy as np
-import torch
 
 from .errors import LockError, OutOfBlocks
 from .radix_evict import EvictionIndex, evict_leaves
 from .radix_insert import insert_tokens
-from .radix_node import _NIDS, _TB, MatchResult, NodeInfo, encode_tokens
+from .radix_node import _NIDS, _TB, MatchResult, NodeInfo, encode_tokens, slots_tensor
 from .token_pool import PagedTokenPool, TokenPool
 
 __all__ = ["RadixCache", "MatchResult", "NodeInfo", "encode_tokens"]
@@ -65,7 +64,7 @@ class RadixCache:
         # Node tables, by node id. Dense: every node has an entry. Sparse: absent means
         # None (a leaf) or 0. Roots: key b"", parent -1, a children dict, lock 1.
         self._key: dict[int, bytes] = {}        # edge tokens, int64 bytes
-        self._val: dict[int, np.ndarray] = {}   # edge slots, int64, owns its memory
+        self._val: dict[int, bytes] = {}        # edge slots, int64 bytes
         self._par: dict[int, int] = {}          # parent id
         self._lock: dict[int, int] = {}         # lock_ref
         self._time: dict[int, int] = {}         # cache clock at the last touch
@@ -75,10 +74,11 @@ class RadixCache:
         self._index = EvictionIndex(eviction, self._time, self._hits)
         self._roots: dict = {}                  # extra_key -> root id
         self._ns: dict = {}                     # root id -> extra_key
-        # The tree holds whole pages: a page's first slot stands for it in `_cached`.
-        self._cached = np.zeros(pool.size, dtype=bool)   # first slots of the pages held
+        # The tree holds whole pages; the pool marks each one's first slot CACHED.
         self._offs = np.arange(page_size, dtype=np.int64)
         self._tiled = np.tile(self._offs, 64)  # 0 .. page_size-1 repeated (insert's page check)
+        self._pmask = np.array(-page_size, np.int64)   # 0-d operands for that check
+        self._ps0 = np.array(page_size, np.int64)
         self._clock = 0
         self._evictable = 0
         self._protected = 0
@@ -124,11 +124,7 @@ class RadixCache:
                 if c in loc:
                     self._index.touch(c)
                 vals.append(valt[c])
-        if not vals:
-            out = np.empty(0, np.int64)
-        else:
-            out = vals[0].copy() if len(vals) == 1 else np.concatenate(vals)
-        return _new_tuple(MatchResult, (torch.from_numpy(out), node, key, tokens, root))
+        return _new_tuple(MatchResult, (slots_tensor(vals), node, key, tokens, root))
 
     def insert(self, tokens, indices, *, extra_key=None, start=None) -> int:
         """Cache `tokens[:L]` with slots `indices[:L]`, L = len(tokens) rounded down to a page.
@@ -219,8 +215,9 @@ class RadixCache:
         (LRU: oldest touch; LFU: fewest hits, then oldest). A parent left childless and unlocked
         becomes a leaf and competes with its old time (§2.4). Returns the tokens freed.
 
-        All victims' slots go back in one `pool.free` call; if it raises, the victims are put
-        back (tree, sizes and eviction order as before the call) and the error propagates.
+        All victims' slots go back in one pool call (`_release_cached`); if it raises, the
+        victims are put back (tree, sizes and eviction order as before the call) and the error
+        propagates.
         Raises ValueError for negative `num_tokens`, OutOfBlocks if it exceeds
         `evictable_size()` (nothing evicted). Locked paths are never touched.
         """
@@ -289,7 +286,7 @@ class RadixCache:
             except TypeError:
                 raise TypeError(f"extra_key: must be hashable, got {type(extra_key).__name__}")
             root = next(_NIDS)
-            self._key[root], self._val[root], self._par[root] = b"", np.empty(0, np.int64), -1
+            self._key[root], self._val[root], self._par[root] = b"", b"", -1
             self._lock[root], self._time[root], self._kids[root] = 1, self._clock, {}
             self._roots[extra_key] = root
             self._ns[root] = extra_key
@@ -346,15 +343,15 @@ class RadixCache:
 
             parent --[k0 .. k_m)--> new --[k_m .. k_end)--> child
         """
-        t, pb, keys, vals, clock = m // _TB, self._pb, self._key, self._val, self._clock
+        pb, keys, vals, clock = self._pb, self._key, self._val, self._clock
         parent, ck, cv = self._par[child], keys[child], vals[child]
         new = next(_NIDS)
-        keys[new], vals[new], self._par[new] = ck[:m], cv[:t].copy(), parent
+        keys[new], vals[new], self._par[new] = ck[:m], cv[:m], parent
         self._lock[new], self._time[new] = self._lock[child], clock
         self._kids[new] = {ck[m:m + pb]: child}
         if child in self._hits:
             self._hits[new] = self._hits[child]
-        keys[child], vals[child], self._par[child] = ck[m:], cv[t:].copy(), new
+        keys[child], vals[child], self._par[child] = ck[m:], cv[m:], new
         self._time[child] = clock
         if child in self._index.loc:
             self._index.touch(child)

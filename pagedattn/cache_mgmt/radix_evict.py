@@ -150,7 +150,7 @@ class EvictionIndex:
 
 def evict_leaves(cache, num_tokens: int) -> int:
     """RadixCache.evict after its argument checks: remove unlocked leaves in priority order
-    until `num_tokens` are gathered, then free all their slots with one `pool.free` call.
+    until `num_tokens` are gathered, then free all their slots with one pool call.
 
     Nothing lost, even when the free raises: until the free has succeeded every victim is only
     detached (its slots are in neither the tree nor the pool); on an exception `_reattach` puts
@@ -178,14 +178,13 @@ def evict_leaves(cache, num_tokens: int) -> int:
         victims.append((x, promoted))
     if not victims:
         return 0
-    slots = vals[victims[0][0]] if len(victims) == 1 else \
-        np.concatenate([vals[v[0]] for v in victims])
+    slots = np.frombuffer(vals[victims[0][0]] if len(victims) == 1 else
+                          b"".join([vals[v[0]] for v in victims]), np.int64)
     try:
-        cache.pool.free(slots)
+        cache.pool._release_cached(slots)
     except BaseException:
         _reattach(cache, victims)
         raise
-    cache._cached[slots[::cache.page_size]] = False
     time, hits = cache._time, cache._hits
     for x, _ in victims:              # a victim is a leaf without locks: no kids/own entry
         del keys[x], vals[x], par[x], lock[x], time[x]

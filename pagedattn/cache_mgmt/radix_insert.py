@@ -25,7 +25,7 @@ import torch
 
 from .errors import ForeignId
 from .radix_node import _NIDS, _TB, MatchResult, encode_tokens
-from .token_pool import as_slot_array
+from .token_pool import CACHED, FREE, as_slot_array
 
 __all__ = ["insert_tokens"]
 
@@ -34,11 +34,13 @@ try:   # NOTE: np.count_nonzero's Python-level dispatch costs 4x its C work on a
 except ImportError:  # pragma: no cover - other numpy layouts
     _nonzero = np.count_nonzero
 _REUSABLE = (list, tuple, array)   # sequences whose encoding a match result carries
+_I64 = np.dtype(np.int64)
 
 
 def insert_tokens(c, tokens, indices, extra_key, start):
     """RadixCache.insert on cache `c`; returns (already cached tokens, the node ending the
-    cached path (the new leaf if one was added), values of the nodes walked after `start`)."""
+    cached path (the new leaf if one was added), values (slot bytes) of the nodes walked
+    after `start`)."""
     t, reused = type(tokens), False
     if type(start) is MatchResult and tokens is start.source and t in _REUSABLE \
             and len(tokens) >= len(start.key) >> 3:
@@ -50,11 +52,13 @@ def insert_tokens(c, tokens, indices, extra_key, start):
     pb, n = c._pb, len(key)
     if pb != _TB:
         n -= n % pb
-    if type(indices) is torch.Tensor and indices.dtype is torch.int64 and indices.is_cpu:
-        idx = indices.numpy()                  # integer tensors never require grad
-        if idx.ndim != 1:
-            idx = as_slot_array(indices, "indices")
-    else:
+    idx = None
+    if type(indices) is torch.Tensor:
+        try:
+            idx = indices.numpy()              # CPU only; integer tensors never require grad
+        except (TypeError, RuntimeError):
+            pass
+    if idx is None or idx.dtype is not _I64 or idx.ndim != 1:
         idx = as_slot_array(indices, "indices")
     if idx.size * _TB < n:
         raise ValueError(f"indices: {idx.size} slots for {n // _TB} tokens to cache")
@@ -99,7 +103,7 @@ def insert_tokens(c, tokens, indices, extra_key, start):
     if new is None:
         return n >> 3, node, vals
     leaf = next(_NIDS)
-    c._key[leaf], valt[leaf], c._par[leaf] = key[end:n], new.copy(), node
+    c._key[leaf], valt[leaf], c._par[leaf] = key[end:n], new.tobytes(), node
     c._lock[leaf], time[leaf] = 0, clock
     kids, first = c._kids.get(node), key[end:end + pb]
     if kids is None:
@@ -109,7 +113,7 @@ def insert_tokens(c, tokens, indices, extra_key, start):
     else:
         kids[first] = leaf
     c._evictable += len(new)
-    c._cached[heads] = True
+    c.pool._state[heads] = CACHED
     index.add(leaf)
     return end >> 3, leaf, vals
 
@@ -166,8 +170,9 @@ def _check_new_slots(c, new: np.ndarray):
     the tree (ForeignId). A page's first slot stands for the page in the masks: the pool hands
     out and takes back whole pages, and the tree holds whole pages.
 
-    NOTE: each numpy call costs about half a microsecond whatever the size, so a few dozen
-    pages are checked in Python (set, min, max) instead of sorted with numpy.
+    NOTE: each numpy call costs a quarter to half a microsecond whatever the size, so a few
+    dozen pages are checked in Python (set, min, max) instead of sorted with numpy, and scalar
+    operands are 0-d arrays (a Python int operand costs a conversion per call).
     """
     pool, ps = c.pool, c.page_size
     heads = new
@@ -177,11 +182,12 @@ def _check_new_slots(c, new: np.ndarray):
         if c._tiled.size < new.size:
             c._tiled = np.tile(c._offs, 2 * new.size // ps)
         x = new - c._tiled[:new.size]
-        starts = x[::ps] & -ps if ps & (ps - 1) == 0 else x[::ps] - x[::ps] % ps
+        starts = x[::ps]
+        starts = starts & c._pmask if ps & (ps - 1) == 0 else starts - starts % c._ps0
         if x.tobytes() != starts.repeat(ps).tobytes():
             raise ValueError(f"indices: new slots are not whole pages of {ps} (each page "
                              f"p * {ps} .. p * {ps} + {ps - 1}, in order)")
-        heads = starts                         # == new[::ps], and contiguous
+        heads = starts                         # == new[::ps]
     if heads.size <= 32:
         hl = heads.tolist()
         lo, hi, twice = min(hl), max(hl), len(set(hl)) < len(hl)
@@ -193,14 +199,16 @@ def _check_new_slots(c, new: np.ndarray):
         raise ForeignId(f"indices: slot out of range [0, {pool.size}): min {lo}, max {hi}")
     if twice:
         raise ForeignId(f"indices: slots {_dups(heads)} are given twice")
-    # NOTE: pool._is_free is the pool's per-slot free mask (token_pool.py, same package).
-    if _nonzero(pool._is_free.take(heads)):
-        bad = heads[pool._is_free.take(heads)][:8].tolist()
-        raise ForeignId(f"indices: slots {bad} are free in the pool (never handed out, or "
-                        f"freed)")
-    if _nonzero(c._cached.take(heads)):
-        bad = heads[c._cached.take(heads)][:8].tolist()
-        raise ForeignId(f"indices: slots {bad} are already cached (under another key)")
+    # NOTE: pool._state is the pool's per-slot state (token_pool.py, same package): the
+    # caller's slots are HELD (0); FREE and CACHED are not the caller's to give.
+    st = pool._state.take(heads)
+    if _nonzero(st):
+        bad = heads[st == FREE][:8].tolist()
+        if bad:
+            raise ForeignId(f"indices: slots {bad} are free in the pool (never handed out, or "
+                            f"freed)")
+        raise ForeignId(f"indices: slots {heads[st != 0][:8].tolist()} are already cached "
+                        f"(under another key)")
     return heads
 
 

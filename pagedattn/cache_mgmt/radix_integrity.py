@@ -9,6 +9,7 @@ import numpy as np
 
 from .errors import CacheError
 from .radix_node import NodeInfo
+from .token_pool import CACHED
 
 __all__ = ["IntegrityError", "check_radix_integrity", "render_tree", "iter_nodes", "node_info"]
 
@@ -35,7 +36,7 @@ def node_info(cache, nid: int) -> NodeInfo:
     while par[r] >= 0:
         r = par[r]
     return NodeInfo(nid, par[nid], tuple(np.frombuffer(cache._key[nid], np.int64).tolist()),
-                    tuple(cache._val[nid].tolist()), tuple(sorted(cache.child_nodes(nid))),
+                    tuple(np.frombuffer(cache._val[nid], np.int64).tolist()), tuple(sorted(cache.child_nodes(nid))),
                     cache._lock[nid], cache._own.get(nid, 0), cache._time[nid],
                     cache._hits.get(nid, 0), cache._ns[r])
 
@@ -83,12 +84,12 @@ def check_radix_integrity(cache) -> None:
                 _fail(f"R2: node {x} has an empty children dict (a leaf has none)")
             if not len(k) or len(k) % pb:
                 _fail(f"R2: node {x} key length {len(k) // 8} not a positive page multiple")
-            if not isinstance(v, np.ndarray) or v.dtype != np.int64 or v.ndim != 1:
-                _fail(f"R2: node {x} value is not a 1-D int64 array")
-            if len(v) * 8 != len(k):
-                _fail(f"R2: node {x} key/value lengths {len(k) // 8} != {len(v)}")
-            if v.base is not None or not v.flags.owndata:
-                _fail(f"R7: node {x} value is a view, not a copy")
+            if type(v) is not bytes:
+                _fail(f"R7: node {x} value is a {type(v).__name__}, not an immutable copy "
+                      f"(bytes)")
+            if len(v) != len(k):
+                _fail(f"R2: node {x} key/value lengths {len(k) // 8} != {len(v) // 8}")
+            v = np.frombuffer(v, np.int64)
             if own(x, 0) < 0 or lock[x] < 0 or (x in cache._own and not own(x)):
                 _fail(f"R9: node {x} lock_ref {lock[x]} / own locks {own(x)} negative or a "
                       f"stored 0")
@@ -135,7 +136,7 @@ def check_radix_integrity(cache) -> None:
         if cache.pool.is_free(allslots).any():
             _fail("R10: the tree holds a slot that the pool lists as free")
     heads = np.concatenate([v[::cache.page_size] for v in slots]) if slots else allslots
-    if not np.array_equal(np.flatnonzero(cache._cached), np.sort(heads)):
+    if not np.array_equal(np.flatnonzero(cache.pool._state == CACHED), np.sort(heads)):
         _fail("R10: the cached-page mask differs from the pages in the tree")
     cache.pool.check_integrity()
 

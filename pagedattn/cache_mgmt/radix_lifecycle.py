@@ -18,6 +18,7 @@ import torch
 
 from .errors import CacheError, OutOfBlocks
 from .radix_cache import RadixCache
+from .radix_node import slots_tensor
 
 __all__ = ["Req", "admit_req", "extend_req", "cache_unfinished_req", "cache_finished_req",
            "owned_slots", "release_pending", "schedule_order"]
@@ -93,8 +94,7 @@ def cache_unfinished_req(cache: RadixCache, req: Req) -> None:
     cache.inc_lock_ref(node)
     cache.dec_lock_ref(req.last_node)
     dup = idx[p:n_cached].numpy()
-    parts = [idx[:p]] + [torch.from_numpy(v) for v in cached] + [idx[n_cached:]]
-    req.indices = torch.cat(parts)
+    req.indices = torch.cat([idx[:p], slots_tensor(cached), idx[n_cached:]])
     req.last_node, req.prefix_len = node, a
     req.pending_free = np.concatenate([req.pending_free, dup])
     _flush(cache, req)

@@ -9,15 +9,22 @@ easy to index by mistake, a typed error is not. Use `can_alloc(n)` to ask first,
 error, evict from the cache and retry. Every failed call leaves the pool unchanged.
 
 Conservation: `available_size() + (slots handed out and not yet freed) == size`, exactly.
+
+Each slot has one state (`_state`, uint8): FREE, HELD (handed out to a caller) or CACHED (given
+to a radix cache by `insert`; for a page, its first slot carries the mark). `free` refuses
+CACHED slots: those go back only through the cache's eviction (`_release_cached`). A pool
+serves at most one cache.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from .errors import DoubleFree, ForeignId, OutOfBlocks
+from .errors import CacheError, DoubleFree, ForeignId, OutOfBlocks
 
 __all__ = ["TokenPool", "PagedTokenPool", "as_slot_array", "out_of_range"]
+
+HELD, FREE, CACHED = 0, 1, 2     # slot states; nonzero = not the caller's to give away
 
 
 def as_slot_array(slots, name: str = "slots") -> np.ndarray:
@@ -66,7 +73,7 @@ class TokenPool:
         self.size = size
         self._stack = np.arange(size - 1, -1, -1, dtype=np.int64)  # top = end, slot 0 first
         self._top = size
-        self._is_free = np.ones(size, dtype=bool)
+        self._state = np.full(size, FREE, dtype=np.uint8)
 
     ##### Public API #####
 
@@ -90,14 +97,14 @@ class TokenPool:
         top = self._top - n
         out = self._stack[top:self._top][::-1].copy()
         self._top = top
-        self._is_free[out] = False
+        self._state[out] = HELD
         return torch.from_numpy(out)
 
     def free(self, slots) -> None:
         """Return `slots` (tensor / array / ints) to the pool; all-or-nothing.
 
-        Raises ForeignId for a slot out of range, DoubleFree for a slot already free or listed
-        twice; in both cases nothing is freed.
+        Raises ForeignId for a slot out of range or held by a radix cache, DoubleFree for a
+        slot already free or listed twice; in every case nothing is freed.
         """
         arr = as_slot_array(slots)
         if arr.size == 0:
@@ -107,7 +114,7 @@ class TokenPool:
 
     def is_free(self, slots) -> np.ndarray:
         """Boolean array: which of `slots` are free now (for checks and tests)."""
-        return self._is_free[as_slot_array(slots)]
+        return self._state[as_slot_array(slots)] == FREE
 
     def free_slots(self) -> np.ndarray:
         """A copy of the free slots (for checks and tests)."""
@@ -118,7 +125,7 @@ class TokenPool:
         fs = self._stack[:self._top]
         if len(np.unique(fs)) != fs.size:
             raise DoubleFree("free stack holds a slot twice")
-        if int(self._is_free.sum()) != self._top or not self._is_free[fs].all():
+        if int((self._state == FREE).sum()) != self._top or (self._state[fs] != FREE).any():
             raise DoubleFree("free mask and free stack disagree")
 
     ##### Internal #####
@@ -127,19 +134,32 @@ class TokenPool:
         """Put checked, owned, distinct slots back on the free stack."""
         self._stack[self._top:self._top + arr.size] = arr
         self._top += arr.size
-        self._is_free[arr] = True
+        self._state[arr] = FREE
 
     def _check_owned(self, arr: np.ndarray, distinct: bool = True) -> None:
-        """ForeignId / DoubleFree unless every slot is in range, handed out and (if `distinct`)
-        listed once."""
+        """ForeignId / DoubleFree unless every slot is in range, held by the caller and (if
+        `distinct`) listed once."""
         if out_of_range(arr, self.size):
             raise ForeignId(f"slots: value out of range [0, {self.size}): min {arr.min()}, "
                             f"max {arr.max()}")
-        if self._is_free[arr].any():
-            bad = arr[self._is_free[arr]][:8].tolist()
-            raise DoubleFree(f"slots: already free: {bad}")
+        st = self._state.take(arr)
+        if st.any():
+            if (st == FREE).any():
+                raise DoubleFree(f"slots: already free: {arr[st == FREE][:8].tolist()}")
+            raise ForeignId(f"slots: {arr[st == CACHED][:8].tolist()} are held by a radix "
+                            f"cache (they return through its evict)")
         if distinct:
             _check_distinct(arr, "a slot")
+
+    ##### Radix cache side (radix_insert.py, radix_evict.py) #####
+
+    def _release_cached(self, slots: np.ndarray) -> None:
+        """Slots the cache evicts (the values of its victims: distinct whole pages, as insert
+        checked) become free. Raises CacheError, freeing nothing, if their first slots are not
+        all CACHED."""
+        if np.count_nonzero(self._state.take(slots) != CACHED):
+            raise CacheError("evict: the pool does not list the victims' slots as cached")
+        self._push(slots)
 
 
 class PagedTokenPool(TokenPool):
@@ -177,7 +197,7 @@ class PagedTokenPool(TokenPool):
             raise OutOfBlocks(f"n={n} slots requested, only {self.available_size()} of "
                               f"{self.size} free") from None
         out = (pages[:, None] * self.page_size + self._offs).reshape(-1)
-        self._is_free[out] = False
+        self._state[out] = HELD
         return torch.from_numpy(out)
 
     def free(self, slots) -> None:
@@ -191,7 +211,14 @@ class PagedTokenPool(TokenPool):
             pages = self.pages_of(arr)
         _check_distinct(pages, "a page")  # whole pages: distinct pages <=> distinct slots
         self._pages._push(pages)
-        self._is_free[arr] = True
+        self._state[arr] = FREE
+
+    def _release_cached(self, slots: np.ndarray) -> None:
+        heads = slots[::self.page_size]
+        if np.count_nonzero(self._state.take(heads) != CACHED):
+            raise CacheError("evict: the pool does not list the victims' pages as cached")
+        self._pages._push(heads // self.page_size)
+        self._state[slots] = FREE
 
     def pages_of(self, arr: np.ndarray, name: str = "slots") -> np.ndarray:
         """Page ids of a complete-pages slot array; ValueError if `arr` is not whole pages."""
@@ -216,10 +243,10 @@ class PagedTokenPool(TokenPool):
         return pages
 
     def free_slots(self) -> np.ndarray:
-        return np.flatnonzero(self._is_free).astype(np.int64)
+        return np.flatnonzero(self._state == FREE).astype(np.int64)
 
     def check_integrity(self) -> None:
         self._pages.check_integrity()
-        pmask = self._pages._is_free
-        if not (self._is_free.reshape(-1, self.page_size) == pmask[:, None]).all():
+        pmask = self._pages._state == FREE
+        if not ((self._state == FREE).reshape(-1, self.page_size) == pmask[:, None]).all():
             raise DoubleFree("slot mask and page mask disagree")
