@@ -26,7 +26,7 @@ def put(cache, toks, extra_key=None):
 def state(cache):
     """Everything a call could change: tree and index tables, counters, clock, pool."""
     tables = [dict(t) for t in (cache._key, cache._par, cache._lock, cache._time, cache._own,
-                                cache._hits)]
+                                cache._first, cache._hits)]
     tables += [dict(cache._val),
                {k: dict(v) for k, v in cache._kids.items()}]
     return (tables, sorted(cache._index.members()), cache.evictable_size(),

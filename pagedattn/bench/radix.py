@@ -170,10 +170,15 @@ def prefill(cache, rng, tokens):   # `tokens` tokens of unrelated 500-token prom
 
 
 def evict_cost(make, rng, leaves, calls):
-    """Median microseconds per leaf of evict calls that each take 10 leaves of 64 tokens."""
+    """Median microseconds per leaf of evict calls that each take 10 leaves of 64 tokens.
+    Every prompt starts with its own token, so the tree is `leaves` leaves under the root and
+    every call evicts exactly 10 of them (no shared first token, no split parent evicted
+    beside them)."""
     cache = make(leaves * 64 + 64_000)
-    for _ in range(leaves):
-        cache.request(rng.integers(0, 32000, 64))
+    for first in rng.permutation(leaves) + 32000:
+        prompt = rng.integers(0, 32000, 64)
+        prompt[0] = first
+        cache.request(prompt)
     ts = []
     while cache.c.evictable_size() >= 640 and len(ts) < calls:
         t0 = time.perf_counter()

@@ -69,6 +69,9 @@ class RadixCache:
         self._lock: dict[int, int] = {}         # lock_ref
         self._time: dict[int, int] = {}         # cache clock at the last touch
         self._kids: dict[int, dict] = {}        # sparse: {first-page bytes: child id}
+        self._first: dict[int, bytes] = {}      # the key object of a node in its parent's
+                                                # _kids (evict deletes by it: no slice, no
+                                                # hash, no byte compare)
         self._own: dict[int, int] = {}          # sparse: locks ending at the node
         self._hits: dict[int, int] = {}         # sparse: matches through the node (LFU)
         self._index = EvictionIndex(eviction, self._time, self._hits)
@@ -348,14 +351,16 @@ class RadixCache:
         new = next(_NIDS)
         keys[new], vals[new], self._par[new] = ck[:m], cv[:m], parent
         self._lock[new], self._time[new] = self._lock[child], clock
-        self._kids[new] = {ck[m:m + pb]: child}
+        first = self._first
+        first[new], first[child] = first[child], ck[m:m + pb]
+        self._kids[new] = {first[child]: child}
         if child in self._hits:
             self._hits[new] = self._hits[child]
         keys[child], vals[child], self._par[child] = ck[m:], cv[m:], new
         self._time[child] = clock
         if child in self._index.loc:
             self._index.touch(child)
-        self._kids[parent][ck[:pb]] = new
+        self._kids[parent][first[new]] = new
         return new
 
     def _insert(self, tokens, indices, extra_key, start):

@@ -113,7 +113,7 @@ class EvictionIndex:
             return nid
         if fresh is None:
             return None
-        del buckets[bh[0]][fresh]
+        buckets[bh[0]].popitem(last=False)     # fresh is the bucket's first entry
         del self.loc[fresh]
         return fresh
 
@@ -157,9 +157,9 @@ def evict_leaves(cache, num_tokens: int) -> int:
     the victims back in reverse order, so the tree, the size counters and the eviction order
     are as before the call, and the pool (all-or-nothing free) is unchanged.
     """
-    index, pb = cache._index, cache._pb
-    keys, vals, par, kids, lock = cache._key, cache._val, cache._par, cache._kids, cache._lock
-    victims = []                      # (nid, parent became a leaf when nid left)
+    index, first = cache._index, cache._first
+    vals, par, kids, lock = cache._val, cache._par, cache._kids, cache._lock
+    victims, slots = [], []           # (nid, parent became a leaf when nid left), their values
     freed = 0
     while freed < num_tokens:
         x = index.pop()
@@ -168,8 +168,10 @@ def evict_leaves(cache, num_tokens: int) -> int:
             raise CacheError("eviction index empty while evictable_size > 0")
         p = par[x]
         k = kids[p]
-        del k[keys[x][:pb]]
-        freed += len(keys[x]) >> 3
+        del k[first[x]]
+        v = vals[x]
+        freed += len(v) >> 3
+        slots.append(v)
         promoted = not k and par[p] >= 0
         if promoted:
             del kids[p]
@@ -178,16 +180,15 @@ def evict_leaves(cache, num_tokens: int) -> int:
         victims.append((x, promoted))
     if not victims:
         return 0
-    slots = np.frombuffer(vals[victims[0][0]] if len(victims) == 1 else
-                          b"".join([vals[v[0]] for v in victims]), np.int64)
+    slots = np.frombuffer(slots[0] if len(slots) == 1 else b"".join(slots), np.int64)
     try:
         cache.pool._release_cached(slots)
     except BaseException:
         _reattach(cache, victims)
         raise
-    time, hits = cache._time, cache._hits
+    keys, time, hits = cache._key, cache._time, cache._hits
     for x, _ in victims:              # a victim is a leaf without locks: no kids/own entry
-        del keys[x], vals[x], par[x], lock[x], time[x]
+        del keys[x], vals[x], par[x], lock[x], time[x], first[x]
         if hits:
             hits.pop(x, None)
     cache._evictable -= freed
@@ -196,12 +197,12 @@ def evict_leaves(cache, num_tokens: int) -> int:
 
 def _reattach(cache, victims) -> None:
     """Undo the detaching part of `evict_leaves`, newest victim first."""
-    index, pb, kids = cache._index, cache._pb, cache._kids
+    index, kids = cache._index, cache._kids
     for x, promoted in reversed(victims):
         p = cache._par[x]
         if promoted:
             if p in index.loc:
                 index.remove(p)
             kids[p] = {}
-        kids[p][cache._key[x][:pb]] = x
+        kids[p][cache._first[x]] = x
         index.add_old(x)              # keeps its (bucket, time, nid) priority

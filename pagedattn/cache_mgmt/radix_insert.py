@@ -106,6 +106,7 @@ def insert_tokens(c, tokens, indices, extra_key, start):
     c._key[leaf], valt[leaf], c._par[leaf] = key[end:n], new.tobytes(), node
     c._lock[leaf], time[leaf] = 0, clock
     kids, first = c._kids.get(node), key[end:end + pb]
+    c._first[leaf] = first
     if kids is None:
         c._kids[node] = {first: leaf}
         if node in loc:                        # node was an evictable leaf

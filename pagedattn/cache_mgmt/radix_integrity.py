@@ -74,6 +74,8 @@ def check_radix_integrity(cache) -> None:
                     _fail(f"R2: child {c} of {x} has parent {par.get(c)}")
                 if first != keys[c][:pb]:
                     _fail(f"R2: child {c} keyed by a page that is not its first")
+                if first is not cache._first.get(c):
+                    _fail(f"R2: child {c}'s key object in its parent is not its _first entry")
                 if x != root and time[c] > time[x]:
                     _fail(f"R8: child {c} touched after its parent {x}")
                 order.append(c)
@@ -112,6 +114,9 @@ def check_radix_integrity(cache) -> None:
                         "time": time}.items():
         if len(table) != len(seen) or table.keys() != seen:
             _fail(f"R2: table {name} holds {len(table)} nodes, the tree {len(seen)}")
+    if cache._first.keys() != seen - set(cache._roots.values()):
+        _fail(f"R2: table first holds {len(cache._first)} nodes, the tree "
+              f"{len(seen) - len(cache._roots)} besides its roots")
     for name, table in {"kids": kids, "own": cache._own, "hits": cache._hits}.items():
         if not table.keys() <= seen:
             _fail(f"R2: table {name} holds nodes that are not in the tree")
