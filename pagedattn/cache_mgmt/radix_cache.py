@@ -79,8 +79,9 @@ class RadixCache:
         self._ns: dict = {}                     # root id -> extra_key
         # The tree holds whole pages; the pool marks each one's first slot CACHED.
         self._offs = np.arange(page_size, dtype=np.int64)
-        self._tiled = np.tile(self._offs, 64)  # 0 .. page_size-1 repeated (insert's page check)
-        self._pmask = np.array(-page_size, np.int64)   # 0-d operands for that check
+        # insert's page check: 0 .. page_size-1 repeated, and 0-d operands (radix_insert.py)
+        self._tiled = np.tile(self._offs, 64)
+        self._pmask = np.array(-page_size & (1 << 62) - 1, np.int64)
         self._ps0 = np.array(page_size, np.int64)
         self._clock = 0
         self._evictable = 0

@@ -25,7 +25,7 @@ import torch
 
 from .errors import ForeignId
 from .radix_node import _NIDS, _TB, MatchResult, encode_tokens
-from .token_pool import CACHED, FREE, as_slot_array
+from .token_pool import CACHED, FREE, as_slot_array, out_of_range
 
 __all__ = ["insert_tokens"]
 
@@ -68,7 +68,10 @@ def insert_tokens(c, tokens, indices, extra_key, start):
         raise TypeError(f"extra_key: must be hashable, got {type(extra_key).__name__}") \
             from None
     node, pos = root, 0
-    if start is not None:
+    if reused and start.root == root and start.last_node in c._par \
+            and start.indices.shape[0] * _TB <= n:
+        node, pos = start.last_node, start.indices.shape[0] * _TB   # _resume's first case
+    elif start is not None:
         node, pos = _resume(c, start, key, n, extra_key, root, reused)
     top = node
     path, cut, m = [], 0, 0
@@ -176,33 +179,45 @@ def _check_new_slots(c, new: np.ndarray):
     operands are 0-d arrays (a Python int operand costs a conversion per call).
     """
     pool, ps = c.pool, c.page_size
-    heads = new
+    heads, masked = new, False
     if ps > 1:
         # Whole pages in order: new[r*ps + j] == p_r*ps + j, i.e. x = new - (0..ps-1 tiled)
-        # repeats each page's start p_r*ps, a multiple of ps, ps times.
+        # repeats each page's start p_r*ps, a non-negative multiple of ps, ps times. A power
+        # of two rounds down with a mask that also clears the sign bit: a negative or huge slot
+        # fails the compare and is told apart there.
         if c._tiled.size < new.size:
             c._tiled = np.tile(c._offs, 2 * new.size // ps)
         x = new - c._tiled[:new.size]
-        starts = x[::ps]
-        starts = starts & c._pmask if ps & (ps - 1) == 0 else starts - starts % c._ps0
-        if x.tobytes() != starts.repeat(ps).tobytes():
-            raise ValueError(f"indices: new slots are not whole pages of {ps} (each page "
-                             f"p * {ps} .. p * {ps} + {ps - 1}, in order)")
-        heads = starts                         # == new[::ps]
+        heads = x[::ps]
+        masked = ps & (ps - 1) == 0
+        heads = heads & c._pmask if masked else heads - heads % c._ps0
+        if x.tobytes() != heads.repeat(ps).tobytes():
+            _not_whole_pages(new, pool.size, ps)
     if heads.size <= 32:
         hl = heads.tolist()
-        lo, hi, twice = min(hl), max(hl), len(set(hl)) < len(hl)
+        neg, twice = not masked and min(hl) < 0, len(set(hl)) < len(hl)
     else:
         srt = heads.copy()                     # (np.sort adds a Python-level wrapper)
         srt.sort()
-        lo, hi, twice = srt[0], srt[-1], bool(_nonzero(srt[1:] == srt[:-1]))
-    if lo < 0 or hi >= pool.size:
-        raise ForeignId(f"indices: slot out of range [0, {pool.size}): min {lo}, max {hi}")
+        neg, twice = srt[0] < 0, bool(_nonzero(srt[1:] == srt[:-1]))
+    try:                                       # take raises for a slot >= pool.size
+        if neg:
+            raise IndexError
+        st = pool._state.take(heads)
+    except IndexError:
+        raise ForeignId(f"indices: slot out of range [0, {pool.size}): min {heads.min()}, "
+                        f"max {heads.max()}") from None
     if twice:
         raise ForeignId(f"indices: slots {_dups(heads)} are given twice")
-    # NOTE: pool._state is the pool's per-slot state (token_pool.py, same package): the
-    # caller's slots are HELD (0); FREE and CACHED are not the caller's to give.
-    st = pool._state.take(heads)
+    _check_states(heads, st)
+    return heads
+
+
+def _check_states(heads: np.ndarray, st: np.ndarray) -> None:
+    """ForeignId unless every state `st` of `heads` is HELD (0).
+
+    NOTE: pool._state is the pool's per-slot state (token_pool.py, same package): the caller's
+    slots are HELD; FREE and CACHED are not the caller's to give."""
     if _nonzero(st):
         bad = heads[st == FREE][:8].tolist()
         if bad:
@@ -210,7 +225,16 @@ def _check_new_slots(c, new: np.ndarray):
                             f"freed)")
         raise ForeignId(f"indices: slots {heads[st != 0][:8].tolist()} are already cached "
                         f"(under another key)")
-    return heads
+
+
+def _not_whole_pages(new: np.ndarray, size: int, ps: int):
+    """Raise for new slots that failed the page check: ForeignId when some are out of range,
+    else ValueError."""
+    if out_of_range(new, size):
+        raise ForeignId(f"indices: slot out of range [0, {size}): min {new.min()}, max "
+                        f"{new.max()}")
+    raise ValueError(f"indices: new slots are not whole pages of {ps} (each page p * {ps} .. "
+                     f"p * {ps} + {ps - 1}, in order)")
 
 
 def _dups(a: np.ndarray) -> list:
