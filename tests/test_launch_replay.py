@@ -110,6 +110,9 @@ def test_decode_key_follows_the_metadata(monkeypatch):
     }
     keys = {name: R.decode_key(c, None, 0) for name, c in others.items()}
     keys["force mode"] = R.decode_key(_capture_call(monkeypatch), "split", 0)
+    # decode.run passes its test overrides (FORCE_MODE, PPP, BALANCE): each is in the key
+    keys["partitions per program"] = R.decode_key(_capture_call(monkeypatch), (None, 2, None), 0)
+    keys["balance plan"] = R.decode_key(_capture_call(monkeypatch), (None, None, (1, 2, 3)), 0)
     keys["device"] = R.decode_key(_capture_call(monkeypatch), None, 1)
     for knob in R.DECODE_KNOBS[:-1]:
         monkeypatch.setenv(knob, "x")

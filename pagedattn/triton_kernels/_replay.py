@@ -154,15 +154,16 @@ DECODE_KNOBS = ("PAGEDATTN_DEV_DECODE_KERNEL", "PAGEDATTN_DEV_DECODE_MODE",
 _DECODE_KNOBS_KEY = config.names(*DECODE_KNOBS)
 
 
-def decode_key(call, force_mode, current):
-    """Everything decode.run's launches depend on besides the tensors' data."""
+def decode_key(call, overrides, current):
+    """Everything decode.run's launches depend on besides the tensors' data (``overrides``: the
+    decode module's test overrides, FORCE_MODE, PPP and BALANCE)."""
     q, k, v, bt, out, o = call.q, call.k_cache, call.v_cache, call.block_table, call.out, call.opts
     own = (q, k, v, bt, call.seq_lens, out, o.k_scale, o.v_scale, o.alibi_slopes, o.sinks,
            call.errors)
     return (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
             v.dtype, bt.shape, bt.stride(), call.seq_lens.shape, out.stride(), out.dtype,
             call.layout, o.scale, o.sliding_window, o.logit_cap, call.partition_size,
-            call.return_lse, q.device, current, force_mode,
+            call.return_lse, q.device, current, overrides,
             alignment(*own), aliasing(*own),
             config.values(_DECODE_KNOBS_KEY))
 

@@ -236,7 +236,7 @@ def run(call):
     # eager fast path: this metadata's launches, recorded (_replay.py)
     if _replay.enabled(dev):
         cur = torch.cuda.current_device()
-        key = _replay.decode_key(call, FORCE_MODE, cur)
+        key = _replay.decode_key(call, (FORCE_MODE, PPP, BALANCE), cur)
         rep = _replay.lookup(key)
         if rep is not None:
             stream = torch._C._cuda_getCurrentRawStream(cur)  # JITFunction.run's stream
