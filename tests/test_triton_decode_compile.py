@@ -29,7 +29,7 @@ DATA_PTRS = ("q_ptr", "k_ptr", "v_ptr", "out_ptr")
 KV_TYPE = "bf16"
 
 
-def compile_one(fn, cst, floats, num_warps=4, num_stages=3):
+def compile_one(fn, cst, floats, num_warps=4, num_stages=3, **options):
     names = fn.arg_names
 
     def ty(n):
@@ -48,7 +48,18 @@ def compile_one(fn, cst, floats, num_warps=4, num_stages=3):
     src = ASTSource(fn, {n: ty(n) for n in names},
                     constexprs={(names.index(k),): v for k, v in cst.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps, num_stages=num_stages))
+                          options=dict(num_warps=num_warps, num_stages=num_stages, **options))
+
+
+def spills_in_loops(sass):
+    # local-memory loads/stores (spills) inside a loop (a backward branch's range) of SASS
+    lines = sass.split("\n")
+    labels = {m.group(1): i for i, ln in enumerate(lines)
+              if (m := re.match(r"\s*(\.?L\w+):", ln))}
+    loops = [(labels[m.group(1)], i) for i, ln in enumerate(lines)
+             if (m := re.search(r"BRA\s+(\.?L\w+)", ln)) and labels.get(m.group(1), i) < i]
+    return [ln.strip() for i, ln in enumerate(lines) if re.search(r"\b(LDL|STL)\b", ln)
+            and any(a <= i <= b for a, b in loops)]
 
 
 bs = int(sys.argv[1])
@@ -83,6 +94,31 @@ for kv, one_pass, multi, bal in (("bf16", False, False, False), ("bf16", True, F
         stack = int(re.search(r"STACK:(\d+)", res).group(1))
         assert stack <= (16 if triton.__version__.startswith("3.6.") else 64), res
 KV_TYPE = "bf16"
+# The balanced 16-bit launch at its register cap (D._BAL_MAXNREG, where this triton has one): as
+# many programs resident per SM as decode._slots plans from shared memory and warps, and nothing
+# spilled inside a tile loop, plain and with every option.
+cap = D.bal_maxnreg(128, 4, 2)
+smem = stages * bn * 128 * 2 * 2 + 16 * 128 * 2            # decode.run's count for the plan
+per_sm = min(228 * 1024 // smem, 64 // warps)
+assert cap is None or cap * 32 * warps * per_sm <= 65536, (cap, per_sm)
+for opts in (False, True) if cap else ():
+    k = compile_one(_decode_kernel, dict(
+        common, HAS_SINK=opts, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True,
+        BLOCK_M=16, BLOCK_N=bn, PART=512, ONE_BLOCK=bs % bn == 0, ONE_PASS=False, MULTI=False,
+        LAZY_L=D._lazy_rowsum(16, bn), PDL=True, CAUSAL=False, BAL=True, NB_BLOCK=256,
+        HAS_WINDOW=opts, HAS_CAP=opts, HAS_ALIBI=opts, IEEE=False, F16_DOT=False, GUARD=True,
+        HAS_ERR=True), ("scale", "cap"), num_warps=warps, num_stages=stages, maxnreg=cap)
+    res = resource_usage(k)
+    print("balanced at its cap", opts, res)
+    if res is not None:
+        regs = int(re.search(r"REG:(\d+)", res).group(1))
+        stack = int(re.search(r"STACK:(\d+)", res).group(1))
+        assert regs <= cap and stack <= (16 if triton.__version__.startswith("3.6.") else 64), res
+    try:
+        sass = k.asm["sass"]
+    except (KeyError, RuntimeError, OSError):   # no nvdisasm with this triton
+        sass = ""
+    assert not spills_in_loops(sass), spills_in_loops(sass)[:4]
 unroll, warps, dsplit, c_stages = D.SPLIT_COMBINE
 for bal in (False, True):
     k = compile_one(_combine_kernel, dict(common, UNROLL=unroll, DSPLIT=dsplit,

@@ -24,6 +24,14 @@ _CONFIGS = {
 # launch shape (batch invariance), so one tile serves every block size. AMD, rows 17-64: 32-token
 # fp8 tiles (64-token ones spill on gfx942; tests/test_triton_amd_compile.py).
 _FP8_CONFIGS = {("nvidia", (128, 16)): (128, 4, 3), ("amd", (128, 64)): (32, 4, 1)}
+# Registers per thread the balanced launch is compiled to (ptxas maxnreg), by 16-bit config and
+# the triton it was checked under: the plan sizes one wave from shared memory and warps
+# (decode._slots: 4 programs of 4 warps per SM at rows <= 16, D 128), which 128 registers keep
+# resident. The guarded balanced kernel takes 144-150 otherwise (sm_90, triton 3.6: 3 per SM, a
+# second partial wave: 34.6 % slower at 32/8 (1, 32768) on the H200); at 128 it stores 8 bytes
+# outside its tile loops (tests/test_triton_decode_compile.py checks both). Triton 3.9 spills
+# inside the loops at 128: no cap there.
+_BAL_MAXNREG = {("nvidia", (128, 16), "3.6."): 128}
 _TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
 MAX_ROWS = 256  # G * Lq rows per program
 # The split launch's combine kernel: (states per load, warps, column blocks per row, pipeline
@@ -60,6 +68,17 @@ def _config(block_d, rows, kv_bytes, device):
             need -= block_n * block_d * 2 * kv_bytes
         return block_n, warps, stages
     return _CONFIGS[fam][key]
+
+
+def bal_maxnreg(block_d, rows, kv_bytes):
+    """The register cap of the balanced 16-bit launch for this config (:data:`_BAL_MAXNREG`),
+    or None (no cap: fp8 caches, AMD, other buckets)."""
+    if kv_bytes == 1 or getattr(torch.version, "hip", None):
+        return None
+    import triton
+    bucket = 16 if rows <= 16 else 64 if rows <= 64 else 256
+    key = ("nvidia", (128 if block_d <= 128 else 256, bucket), triton.__version__[:4])
+    return _BAL_MAXNREG.get(key)
 
 
 def _lazy_rowsum(block_m, block_n):

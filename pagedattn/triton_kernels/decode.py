@@ -53,6 +53,7 @@ from pagedattn.dispatch import core as _dispatch
 from pagedattn.reference import FP8_DTYPES
 from pagedattn.triton_kernels import _replay
 from pagedattn.triton_kernels._decode_configs import (MAX_ROWS, _combine_config, _config,
+                                                      bal_maxnreg,
                                                       _f16_dot, _lazy_rowsum, fill_n)
 from pagedattn.triton_kernels._decode_combine import _combine_kernel
 from pagedattn.triton_kernels._decode_kernels import _decode_kernel, gdc_wait
@@ -312,9 +313,12 @@ def run(call):
         gk.launch(call, ks, vs, q4, out4, lse, ws_ml, ws_o, grid, group, rows, part, n_part_max,
                   ppp, mode == "one_pass", pdl, *g_tile, bal, rec=rec)
     else:
+        # the balanced launch fits the wave it was planned for (_decode_configs._BAL_MAXNREG)
+        maxnreg = bal_maxnreg(block_d, rows, call.k_cache.element_size()) \
+            if mode == "balance" and dev.type == "cuda" else None
         _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max,
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
-                       common, bal, rec)
+                       common, bal, rec, maxnreg)
     if parked:
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
         _replay.launch(
@@ -333,9 +337,9 @@ def run(call):
 
 def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max, ppp,
                    mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages, common, bal,
-                   rec):
+                   rec, maxnreg=None):
     """The Triton decode kernel (``_decode_kernels._decode_kernel``) on ``grid``; rec: an
-    ``_replay.Recorder`` or None."""
+    ``_replay.Recorder`` or None; maxnreg: ptxas's register cap, or None."""
     q, o, bs = call.q, call.opts, call.geom.block_size
     lq, hq, d = q4.shape[1], q4.shape[2], q4.shape[3]
     one_block = bs % block_n == 0 and part % block_n == 0
@@ -366,4 +370,5 @@ def _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, 
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, IEEE=q.dtype == torch.float32,
         F16_DOT=_f16_dot(q.dtype, call.k_cache.dtype, q.device), BLOCK_M=block_m,
-        num_warps=num_warps, num_stages=num_stages, **bal, **common)
+        num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
+        **bal, **common)
