@@ -84,7 +84,7 @@ def _cache_with_keys(ps):
     return cache, held
 
 
-@pytest.mark.parametrize("ps", [1, 4])
+@pytest.mark.parametrize("ps", [1, 3, 4])    # 3: the page check without the power-of-two mask
 @pytest.mark.parametrize("case", ["free", "twice", "cached", "range", "negative"])
 def test_insert_rejects_slots_it_does_not_own(ps, case):
     """insert takes new slots only when the caller owns them: handed out by the pool, not in
