@@ -142,7 +142,7 @@ def check_radix_integrity(cache) -> None:
             _fail("R10: the tree holds a slot that the pool lists as free")
     heads = np.concatenate([v[::cache.page_size] for v in slots]) if slots else allslots
     if not np.array_equal(np.flatnonzero(cache.pool._state == CACHED), np.sort(heads)):
-        _fail("R10: the cached-page mask differs from the pages in the tree")
+        _fail("R10: the pool's CACHED slots differ from the first slots of the pages in the tree")
     cache.pool.check_integrity()
 
 

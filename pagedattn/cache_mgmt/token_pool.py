@@ -121,12 +121,12 @@ class TokenPool:
         return self._stack[:self._top].copy()
 
     def check_integrity(self) -> None:
-        """Free stack and free mask agree exactly; raises CacheError-derived errors otherwise."""
+        """Free stack and slot states agree exactly; raises CacheError-derived errors otherwise."""
         fs = self._stack[:self._top]
         if len(np.unique(fs)) != fs.size:
             raise DoubleFree("free stack holds a slot twice")
         if int((self._state == FREE).sum()) != self._top or (self._state[fs] != FREE).any():
-            raise DoubleFree("free mask and free stack disagree")
+            raise DoubleFree("the FREE states and the free stack disagree")
 
     ##### Internal #####
 
