@@ -4,10 +4,10 @@ A compressed radix tree over token ids. Each edge (node) holds a key (its token 
 (the pool slots holding those tokens' KV). Sharing a prefix = sharing the path from the root.
 
 Performance design (see docs/radix_cache.md):
-* keys and values are `bytes` of int64 tokens and slots: the per-node comparison `query[a:b] == key` is one memcmp
-  in C; children are keyed by the first page's bytes. A request is encoded once: the match
-  result carries its key, and `insert(tokens, ..., start=match)` reuses it and resumes the walk
-  at the matched node instead of the root;
+* keys and values are `bytes` of int64 tokens and slots: the per-node comparison
+  `query[a:b] == key` is one memcmp in C; children are keyed by the first page's bytes. A
+  request is encoded once: the match result carries its key, and `insert(tokens, ...,
+  start=match)` reuses it and resumes the walk at the matched node instead of the root;
 * no object per node: a node is an int id, and its fields live in per-field dicts (`_key`,
   `_val`, `_par`, ...) whose keys and values (ints, bytes, dicts of those) the garbage
   collector does not track. The tree adds nothing to any collection, young or full;
@@ -101,10 +101,10 @@ class RadixCache:
         """Longest cached page-aligned prefix of `tokens` in namespace `extra_key`.
 
         `tokens`: list/tuple of ints, array.array, integer numpy array or tensor, or
-        `encode_tokens` bytes; all give the same result. Mutates: may split the node where the match ends (at a page
-        boundary) so that `last_node` ends exactly at the prefix; touches the path (LRU time,
-        LFU hits; the lower half of a split counts as touched, as in SGLang). Does not lock:
-        call `inc_lock_ref(result.last_node)` before using `indices`.
+        `encode_tokens` bytes; all give the same result. Mutates: may split the node where the
+        match ends (at a page boundary) so that `last_node` ends exactly at the prefix; touches
+        the path (LRU time, LFU hits; the lower half of a split counts as touched, as in
+        SGLang). Does not lock: call `inc_lock_ref(result.last_node)` before using `indices`.
         """
         key = encode_tokens(tokens)
         root = self._roots.get(extra_key)

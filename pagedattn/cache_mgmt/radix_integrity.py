@@ -36,7 +36,8 @@ def node_info(cache, nid: int) -> NodeInfo:
     while par[r] >= 0:
         r = par[r]
     return NodeInfo(nid, par[nid], tuple(np.frombuffer(cache._key[nid], np.int64).tolist()),
-                    tuple(np.frombuffer(cache._val[nid], np.int64).tolist()), tuple(sorted(cache.child_nodes(nid))),
+                    tuple(np.frombuffer(cache._val[nid], np.int64).tolist()),
+                    tuple(sorted(cache.child_nodes(nid))),
                     cache._lock[nid], cache._own.get(nid, 0), cache._time[nid],
                     cache._hits.get(nid, 0), cache._ns[r])
 
