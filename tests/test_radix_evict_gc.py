@@ -28,6 +28,14 @@ def _snapshot(cache):
             sorted(cache._index.members()), np.flatnonzero(cache.pool._state == 2).tolist())
 
 
+def _spy_release(cache):
+    """Record the slots of every pool call that evict makes (the pool's _release_cached)."""
+    calls, real = [], cache.pool._release_cached
+    cache.pool._release_cached = lambda slots: (calls.append(np.asarray(slots).tolist()),
+                                                real(slots))
+    return calls
+
+
 @pytest.mark.parametrize("ps", [1, 4])
 def test_evict_frees_all_victims_in_one_call(ps):
     """Batched frees: one pool call per evict, the victims' slots concatenated in eviction
@@ -36,8 +44,7 @@ def test_evict_frees_all_victims_in_one_call(ps):
     s1 = put(cache, [1] * ps + [2] * ps)
     s2 = put(cache, [1] * ps + [3] * ps)
     s3 = put(cache, [5] * ps)
-    calls, real = [], cache.pool._release_cached
-    cache.pool._release_cached = lambda slots: (calls.append(np.asarray(slots).tolist()), real(slots))
+    calls = _spy_release(cache)
     assert cache.evict(0) == 0 and calls == []
     assert cache.evict(3 * ps) == 3 * ps        # [2], [3], then the promoted parent [1]
     want = s1[ps:2 * ps].tolist() + s2[ps:2 * ps].tolist() + s1[:ps].tolist()
@@ -61,10 +68,6 @@ def test_evict_free_failure_puts_victims_back(ps):
         cache.inc_lock_ref(m.last_node)
         return cache, m
 
-    def spy(cache):
-        calls, real = [], cache.pool._release_cached
-        cache.pool._release_cached = lambda slots: (calls.append(np.asarray(slots).tolist()), real(slots))
-        return calls
 
     cache, m = build()
     twin, _ = build()
@@ -79,7 +82,7 @@ def test_evict_free_failure_puts_victims_back(ps):
     del cache.pool._release_cached
     cache.check_integrity()
     assert _snapshot(cache) == before
-    got, want = spy(cache), spy(twin)
+    got, want = _spy_release(cache), _spy_release(twin)
     assert cache.evict(n) == twin.evict(n) >= n
     assert got == want and len(got) == 1
     assert cache.peek_prefix_len([4] * ps + [7] * ps) == 2 * ps     # locked path intact
