@@ -122,6 +122,16 @@ def get(name: str) -> Any:
         return value
 
 
+def cache_dir() -> str:
+    """The package's cache directory: ``PAGEDATTN_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagedattn``
+    or ``~/.cache/pagedattn`` (HIP builds, self-check records, the radix bench's SGLang wheels)."""
+    path = get("PAGEDATTN_CACHE_DIR")
+    if path:
+        return path
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pagedattn")
+
+
 def names(*env_names) -> tuple:
     """``env_names`` (declared ones, or other processes' variables such as TRITON_INTERPRET) in
     the form :func:`values` takes."""

@@ -46,13 +46,9 @@ class PeerUnavailable(ImportError):
 
 
 def cache_root() -> str:
-    """Where fetched releases live: $PAGEDATTN_CACHE_DIR/sglang-peer, else
-    $XDG_CACHE_HOME/pagedattn/sglang-peer or ~/.cache/pagedattn/sglang-peer."""
-    base = config.get("PAGEDATTN_CACHE_DIR")
-    if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        base = os.path.join(xdg, "pagedattn")
-    return os.path.join(base, "sglang-peer")
+    """Where fetched releases live: sglang-peer in the package cache directory
+    (:func:`pagedattn.config.cache_dir`)."""
+    return os.path.join(config.cache_dir(), "sglang-peer")
 
 
 def _pip(*args: str) -> str:

@@ -66,15 +66,6 @@ def pipeline_flags(arch: str):
     return ["-DPK_DECODE_STAGES=2"]
 
 
-def cache_root() -> Path:
-    """``PAGEDATTN_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagedattn`` or ``~/.cache/pagedattn``."""
-    env = config.get("PAGEDATTN_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "pagedattn"
-
-
 def source_hash(flags) -> str:
     h = hashlib.sha256()
     for f in sorted(CSRC.glob("*")):
@@ -113,7 +104,7 @@ def load(verbose: bool = None):
     aflags = aflags + pipeline_flags(arch)
     os.environ.update(env)
     tag = source_hash(aflags)
-    root = cache_root() / f"hip-{tag}"
+    root = Path(config.cache_dir()) / f"hip-{tag}"
     src, build = root / "src", root / "build"
     root.mkdir(parents=True, exist_ok=True)
     _stage(src)

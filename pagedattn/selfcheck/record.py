@@ -28,16 +28,6 @@ FORMAT = 1
 _PKG = Path(__file__).resolve().parent.parent
 
 
-def cache_dir() -> Path:
-    """The package cache directory (HIP builds and self-check records)."""
-    from pagedattn import config
-    path = config.get("PAGEDATTN_CACHE_DIR")
-    if path:
-        return Path(path)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "pagedattn"
-
-
 def _runtime(index: int) -> str:
     if index < 0:
         return "none"
@@ -60,7 +50,8 @@ def device_key(index: int) -> dict:
 
 def path_for(key: dict) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / "selfcheck" / f"{key['arch']}-{digest}.json"
+    from pagedattn import config
+    return Path(config.cache_dir()) / "selfcheck" / f"{key['arch']}-{digest}.json"
 
 
 def _tree_hash(*parts) -> str:
