@@ -67,33 +67,42 @@ common = dict(G=4, R=4, D=128, BLOCK_D=128, HAS_SINK=False, HAS_KV_SCALE=False,
               RETURN_LSE=True)
 bn, warps, stages = D._CONFIGS["nvidia"][(128, 16)]  # the launcher's tiles for 32/8, D 128
 fp8_bn, fp8_warps, fp8_stages = D._FP8_CONFIGS[("nvidia", (128, 16))]
+# a small stack at most: the fp8 balanced loop holds 255 registers and up to 16 bytes of
+# stack under triton 3.6 (the H200's), 56 under 3.9 (its register allocation differs)
+MAX_STACK = 16 if triton.__version__.startswith("3.6.") else 64
+
+
+def compile_decode(kv, one_pass, multi, bal, opts=False, **options):
+    # the decode kernel on the launcher's tiles for kv; opts: sinks, window, soft-cap and ALiBi
+    global KV_TYPE
+    KV_TYPE = kv
+    fp8 = kv != "bf16"
+    tile = fp8_bn if fp8 else bn
+    return compile_one(_decode_kernel, dict(
+        common, HAS_SINK=opts, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True,
+        BLOCK_M=16, BLOCK_N=tile, PART=512, ONE_BLOCK=bs % tile == 0, ONE_PASS=one_pass,
+        MULTI=multi, LAZY_L=D._lazy_rowsum(16, tile), PDL=not one_pass, CAUSAL=False, BAL=bal,
+        NB_BLOCK=256, HAS_WINDOW=opts, HAS_CAP=opts, HAS_ALIBI=opts, IEEE=False, F16_DOT=fp8,
+        HAS_KV_SCALE=fp8, GUARD=True, HAS_ERR=True), ("scale", "cap"),
+        num_warps=fp8_warps if fp8 else warps, num_stages=fp8_stages if fp8 else stages,
+        **options)
+
+
 # bf16 caches in all three launch shapes (BAL: the balanced split launch); an e4m3 cache
 # one-pass and balanced with fp16 dots (F16_DOT) on the launcher's fp8 tiles
 for kv, one_pass, multi, bal in (("bf16", False, False, False), ("bf16", True, False, False),
                                  ("bf16", False, True, False), ("fp8e4nv", True, False, False),
                                  ("bf16", False, False, True), ("fp8e4nv", False, False, True)):
-    KV_TYPE = kv
     fp8 = kv != "bf16"
-    tile = fp8_bn if fp8 else bn
-    k = compile_one(_decode_kernel, dict(
-        common, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, BLOCK_M=16,
-        BLOCK_N=tile, PART=512, ONE_BLOCK=bs % tile == 0, ONE_PASS=one_pass, MULTI=multi,
-        LAZY_L=D._lazy_rowsum(16, tile), PDL=not one_pass, CAUSAL=False, BAL=bal, NB_BLOCK=256,
-        HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False,
-        IEEE=False, F16_DOT=fp8, HAS_KV_SCALE=fp8, GUARD=True, HAS_ERR=True), ("scale", "cap"),
-        num_warps=fp8_warps if fp8 else warps, num_stages=fp8_stages if fp8 else stages)
+    k = compile_decode(kv, one_pass, multi, bal)
     waits = [int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", k.asm["ttgir"])]
     assert waits and max(waits) >= 1, f"{kv}: K/V copies never overlap across tiles: {waits}"
     if fp8:  # the dots take fp16 operands (F16_DOT), not bf16 (more conversion instructions)
         assert "xf16" in k.asm["ttgir"], "fp8 cache: the dots do not run in fp16"
     res = resource_usage(k)
     print(kv, one_pass, multi, bal, res)
-    # a small stack at most: the fp8 balanced loop holds 255 registers and up to 16 bytes of
-    # stack under triton 3.6 (the H200's), 56 under 3.9 (its register allocation differs)
     if res is not None:
-        stack = int(re.search(r"STACK:(\d+)", res).group(1))
-        assert stack <= (16 if triton.__version__.startswith("3.6.") else 64), res
-KV_TYPE = "bf16"
+        assert int(re.search(r"STACK:(\d+)", res).group(1)) <= MAX_STACK, res
 # The balanced 16-bit launch at its register cap (D._BAL_MAXNREG, where this triton has one): as
 # many programs resident per SM as decode._slots plans from shared memory and warps, and nothing
 # spilled inside a tile loop, plain and with every option.
@@ -102,23 +111,19 @@ smem = stages * bn * 128 * 2 * 2 + 16 * 128 * 2            # decode.run's count 
 per_sm = min(228 * 1024 // smem, 64 // warps)
 assert cap is None or cap * 32 * warps * per_sm <= 65536, (cap, per_sm)
 for opts in (False, True) if cap else ():
-    k = compile_one(_decode_kernel, dict(
-        common, HAS_SINK=opts, BS=bs, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True,
-        BLOCK_M=16, BLOCK_N=bn, PART=512, ONE_BLOCK=bs % bn == 0, ONE_PASS=False, MULTI=False,
-        LAZY_L=D._lazy_rowsum(16, bn), PDL=True, CAUSAL=False, BAL=True, NB_BLOCK=256,
-        HAS_WINDOW=opts, HAS_CAP=opts, HAS_ALIBI=opts, IEEE=False, F16_DOT=False, GUARD=True,
-        HAS_ERR=True), ("scale", "cap"), num_warps=warps, num_stages=stages, maxnreg=cap)
+    k = compile_decode("bf16", False, False, True, opts, maxnreg=cap)
     res = resource_usage(k)
     print("balanced at its cap", opts, res)
     if res is not None:
         regs = int(re.search(r"REG:(\d+)", res).group(1))
         stack = int(re.search(r"STACK:(\d+)", res).group(1))
-        assert regs <= cap and stack <= (16 if triton.__version__.startswith("3.6.") else 64), res
+        assert regs <= cap and stack <= MAX_STACK, res
     try:
         sass = k.asm["sass"]
     except (KeyError, RuntimeError, OSError):   # no nvdisasm with this triton
         sass = ""
     assert not spills_in_loops(sass), spills_in_loops(sass)[:4]
+KV_TYPE = "bf16"
 unroll, warps, dsplit, c_stages = D.SPLIT_COMBINE
 for bal in (False, True):
     k = compile_one(_combine_kernel, dict(common, UNROLL=unroll, DSPLIT=dsplit,
