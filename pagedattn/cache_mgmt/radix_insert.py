@@ -68,10 +68,7 @@ def insert_tokens(c, tokens, indices, extra_key, start):
         raise TypeError(f"extra_key: must be hashable, got {type(extra_key).__name__}") \
             from None
     node, pos = root, 0
-    if reused and start.root == root and start.last_node in c._par \
-            and start.indices.shape[0] * _TB <= n:
-        node, pos = start.last_node, start.indices.shape[0] * _TB   # _resume's first case
-    elif start is not None:
+    if start is not None:
         node, pos = _resume(c, start, key, n, extra_key, root, reused)
     top = node
     path, cut, m = [], 0, 0
