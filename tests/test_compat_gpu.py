@@ -27,6 +27,16 @@ def _sub(b, lo):
                                seq_lens=b.seq_lens[lo:lo + 2])
 
 
+def _replay_matches_reference(graph, out, q, b, sub):
+    """Replay `graph` into a NaN-poisoned `out` and compare it with the float32 reference decode
+    of `q` over the batch `b` restricted to `sub`."""
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = R.paged_decode(q, b.k_cache, b.v_cache, sub.block_table, sub.seq_lens, layout="bshd")
+    assert_attn_close(out, ref, torch.float16)
+
+
 def test_flashinfer_decode_graph_replays_a_new_plan(device, monkeypatch):
     monkeypatch.setenv("PAGEDATTN_VALIDATE", "0")  # device-data checks would sync in run
     gen = torch.Generator().manual_seed(50)
@@ -45,12 +55,7 @@ def test_flashinfer_decode_graph_replays_a_new_plan(device, monkeypatch):
         q.copy_(torch.randn(2, 32, 128, generator=gen).half())
         if graph is None:
             graph = capture_graph(lambda: w.run(q, (b.k_cache, b.v_cache), out=out))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = R.paged_decode(q, b.k_cache, b.v_cache, sub.block_table, sub.seq_lens,
-                             layout="bshd")
-        assert_attn_close(out, ref, torch.float16)
+        _replay_matches_reference(graph, out, q, b, sub)
 
 
 def test_sglang_decode_graph_with_a_context_bound(device, monkeypatch):
@@ -75,12 +80,7 @@ def test_sglang_decode_graph_with_a_context_bound(device, monkeypatch):
                 graph = capture_graph(lambda: S.decode_attention_fwd(
                     q, kb, vb, o, indptr, indices, None, None, None, 8, 128 ** -0.5, 1.0, 1.0,
                     page_size=16))
-            o.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            ref = R.paged_decode(q, b.k_cache, b.v_cache, sub.block_table, sub.seq_lens,
-                                 layout="bshd")
-            assert_attn_close(o, ref, torch.float16)
+            _replay_matches_reference(graph, o, q, b, sub)
     finally:
         S.set_max_context_len(None)
 
@@ -104,9 +104,4 @@ def test_vllm_unified_decode_graph(device, monkeypatch):
             graph = capture_graph(lambda: VL.unified_attention(
                 q, b.k_cache, b.v_cache, out, cu, 1, lens, 1024, 128 ** -0.5, True, (-1, -1),
                 table, 0.0, None, None, None))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = R.paged_decode(q, b.k_cache, b.v_cache, sub.block_table, sub.seq_lens,
-                             layout="bshd")
-        assert_attn_close(out, ref, torch.float16)
+        _replay_matches_reference(graph, out, q, b, sub)
