@@ -43,8 +43,13 @@ _DECLARED = (
         "eager GPU decode calls relaunch the recorded launches of metadata seen before "
         "(49-124 us of host time per decode instead of 121-399 on the H200)"),
     Var("PAGEDATTN_CACHE_DIR", "path", "",
-        "where HIP builds, self-check records and the radix bench's SGLang wheels live (empty: "
+        "where HIP builds, the radix cache's C helpers, self-check records and the radix "
+        "bench's SGLang wheels live (empty: "
         "`$XDG_CACHE_HOME/pagedattn` or `~/.cache/pagedattn`)"),
+    Var("PAGEDATTN_RADIX_NATIVE", "bool", "1",
+        "radix cache: build (at first use, with the C compiler Python was built with) and use "
+        "the C helpers for key encoding, the tree walk and insert's slot check; `0`, or no "
+        "compiler: the pure-Python path, same results"),
     Var("PAGEDATTN_HIP_VERBOSE", "bool", "0",
         "print the compiler's output while the HIP extension builds"),
     Var("PAGEDATTN_SLOW", "bool", "0",

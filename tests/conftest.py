@@ -84,3 +84,12 @@ def mode_guard():
     yield
     from pagedattn.triton_kernels import decode
     decode.FORCE_MODE = None
+
+
+@pytest.fixture(params=[True, False], ids=["native", "python"])
+def radix_path(request):
+    """Run a radix-cache test on both paths: the C helpers and the pure-Python one
+    (radix_paths.py)."""
+    from radix_paths import radix_path as path
+    with path(request.param):
+        yield

@@ -16,6 +16,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from pagedattn.cache_mgmt.errors import LockError, OutOfBlocks
 from pagedattn.cache_mgmt.radix_cache import RadixCache
 from pagedattn.cache_mgmt.radix_integrity import iter_nodes
+from radix_paths import radix_path
 
 PAGE_SIZES = [1, 2, 4, 16]       # 1: token-granular; 2, 4: short prompts below a page; 16: vLLM
 NUM_PAGES = [1, 2, 7, 64]        # 1 and 2: constant eviction pressure; 64: deep sharing
@@ -131,9 +132,11 @@ class FlakyFree(Exception):
 
 class RadixMachine(RuleBasedStateMachine):
     @initialize(ps=st.sampled_from(PAGE_SIZES), pages=st.sampled_from(NUM_PAGES),
-                vocab=st.sampled_from([2, 4]), policy=st.sampled_from(["lru", "lfu"]))
-    def setup(self, ps, pages, vocab, policy):
-        self.cache = RadixCache.create_simulated(ps * pages, page_size=ps, eviction=policy)
+                vocab=st.sampled_from([2, 4]), policy=st.sampled_from(["lru", "lfu"]),
+                c_helpers=st.booleans())
+    def setup(self, ps, pages, vocab, policy, c_helpers):
+        with radix_path(c_helpers):
+            self.cache = RadixCache.create_simulated(ps * pages, page_size=ps, eviction=policy)
         self.ps, self.vocab, self.lfu = ps, vocab, policy == "lfu"
         self.model = {}          # (ns, page-aligned prefix tuple) -> slots of its last page
         self.mtime = {}          # (ns, prefix) -> model clock at the last touch of that page

@@ -12,6 +12,8 @@ from pagedattn.cache_mgmt.errors import ForeignId, LockError
 from pagedattn.cache_mgmt.radix_cache import RadixCache
 from pagedattn.cache_mgmt.token_pool import TokenPool
 
+pytestmark = pytest.mark.usefixtures("radix_path")   # C helpers and pure Python
+
 
 def put(cache, toks, extra_key=None):
     """Insert `toks` with fresh slots, free the duplicates; returns the slots."""

@@ -9,6 +9,8 @@ import pytest
 from pagedattn.cache_mgmt.radix_cache import RadixCache
 from pagedattn.cache_mgmt.radix_integrity import iter_nodes
 
+pytestmark = pytest.mark.usefixtures("radix_path")   # C helpers and pure Python
+
 
 def put(cache, toks, extra_key=None):
     """Insert `toks` with fresh slots, free the duplicates; returns the slots."""

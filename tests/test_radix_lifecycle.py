@@ -15,15 +15,17 @@ from pagedattn.cache_mgmt.radix_cache import RadixCache
 from pagedattn.cache_mgmt.radix_lifecycle import (Req, admit_req, cache_finished_req,
                                                   cache_unfinished_req, extend_req, owned_slots,
                                                   release_pending)
+from radix_paths import radix_path
 from test_radix_cache import (NAMESPACES, PAGE_SIZES, FlakyFree, check_lock_refs,
                               check_partition, evict_and_check, node_path, path_slots)
 
 
 class LifecycleMachine(RuleBasedStateMachine):
     @initialize(ps=st.sampled_from(PAGE_SIZES), pages=st.sampled_from([2, 7, 64]),
-                vocab=st.sampled_from([2, 4]))
-    def setup(self, ps, pages, vocab):
-        self.cache = RadixCache.create_simulated(ps * pages, page_size=ps)
+                vocab=st.sampled_from([2, 4]), c_helpers=st.booleans())
+    def setup(self, ps, pages, vocab, c_helpers):
+        with radix_path(c_helpers):
+            self.cache = RadixCache.create_simulated(ps * pages, page_size=ps)
         self.ps, self.vocab = ps, vocab
         self.reqs: list[Req] = []
         self.seen = [()]

@@ -15,6 +15,8 @@ from pagedattn.cache_mgmt.radix_lifecycle import (admit_req, cache_finished_req,
 from pagedattn.cache_mgmt.token_pool import PagedTokenPool, TokenPool
 from test_radix_checks import put
 
+pytestmark = pytest.mark.usefixtures("radix_path")   # C helpers and pure Python
+
 PAGE_SIZES = [1, 2, 4, 16]
 
 

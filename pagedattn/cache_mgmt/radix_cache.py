@@ -24,12 +24,15 @@ descendant.
 from __future__ import annotations
 
 
+import functools
+
 import numpy as np
 
+from . import native
 from .errors import LockError, OutOfBlocks
 from .radix_evict import EvictionIndex, evict_leaves
 from .radix_insert import insert_tokens
-from .radix_node import _NIDS, _TB, MatchResult, NodeInfo, encode_tokens, slots_tensor
+from .radix_node import _NIDS, _TB, MatchResult, NodeInfo, encode_tokens, encoder, slots_tensor
 from .token_pool import PagedTokenPool, TokenPool
 
 __all__ = ["RadixCache", "MatchResult", "NodeInfo", "encode_tokens"]
@@ -87,6 +90,12 @@ class RadixCache:
         self._evictable = 0
         self._protected = 0
         self._root(None)
+        # The C helpers (native.py) when built: encoding, the walk, insert's slot check.
+        nat = native.load()
+        self._encode = encoder(nat)
+        self._claim = nat.claim if nat is not None else None
+        if nat is not None:
+            self._find = functools.partial(nat.find, self._kids, self._key, self._pb, page_size)
 
     @classmethod
     def create_simulated(cls, size: int = 4096, page_size: int = 1,
@@ -106,7 +115,7 @@ class RadixCache:
         the path (LRU time, LFU hits; the lower half of a split counts as touched, as in
         SGLang). Does not lock: call `inc_lock_ref(result.last_node)` before using `indices`.
         """
-        key = encode_tokens(tokens)
+        key = self._encode(tokens)
         root = self._roots.get(extra_key)
         if root is None:
             root = self._root(extra_key)
@@ -244,7 +253,7 @@ class RadixCache:
 
     def peek_prefix_len(self, tokens, *, extra_key=None) -> int:
         """Length of the cached page-aligned prefix of `tokens`. Read-only: no split, no touch."""
-        key = encode_tokens(tokens)
+        key = self._encode(tokens)
         root = self._roots.get(extra_key)
         if root is None:
             return 0
@@ -312,6 +321,7 @@ class RadixCache:
         (ids of the nodes matched whole, last of them or `node`, end of that match in key
         bytes, node the match ends inside or 0, page-aligned bytes matched inside it). A node
         matches whole only if it ends by `n`, so the match never reaches the partial page.
+        The C helper `find` (bound in __init__) does the same.
         """
         kids, keys, pb, path = self._kids, self._key, self._pb, []
         while pos < n:

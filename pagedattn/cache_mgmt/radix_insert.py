@@ -6,7 +6,8 @@ Order of work, so that a failed call changes nothing:
                   made from
     2. checks     slot count; `start` (its prefix is a prefix of tokens, same namespace);
                   the read-only walk; the new slots it leaves to add (owned by the caller:
-                  handed out by the pool, not in the tree, each once, whole pages)
+                  handed out by the pool, not in the tree, each once, whole pages). The C
+                  helper `claim` checks them and marks them CACHED in one pass, last.
     3. changes    touch the path, split where the walk ends inside a node, add the leaf
 
 Regions of `tokens` (E = end of the cached part, N = page-aligned length)::
@@ -23,8 +24,8 @@ from array import array
 import numpy as np
 import torch
 
-from .errors import ForeignId
-from .radix_node import _NIDS, _TB, MatchResult, encode_tokens
+from .errors import CacheError, ForeignId
+from .radix_node import _NIDS, _TB, MatchResult
 from .token_pool import CACHED, FREE, as_slot_array, out_of_range
 
 __all__ = ["insert_tokens"]
@@ -46,9 +47,9 @@ def insert_tokens(c, tokens, indices, extra_key, start):
             and len(tokens) >= len(start.key) >> 3:
         key, have, reused = start.key, len(start.key) >> 3, True
         if len(tokens) > have:                 # appended to since the match
-            key = key + encode_tokens(tokens[have:])
+            key = key + c._encode(tokens[have:])
     else:
-        key = encode_tokens(tokens)
+        key = c._encode(tokens)
     pb, n = c._pb, len(key)
     if pb != _TB:
         n -= n % pb
@@ -76,9 +77,16 @@ def insert_tokens(c, tokens, indices, extra_key, start):
         path, node, pos, cut, m = c._find(node, key, pos, n)
     end = pos + m
     new = None
+    claim = c._claim
     if end < n:
         new = idx[end >> 3:n >> 3]
-        heads = _check_new_slots(c, new)
+        if claim is None:
+            heads = _check_new_slots(c, new)
+        else:
+            vb = new.tobytes()
+            if claim(c.pool._state_buf, vb, c.page_size):    # marks the pages CACHED on 0
+                _check_new_slots(c, new)                     # names the error
+                raise CacheError("insert: the C and Python slot checks disagree")
     # Checks done: from here on nothing raises.
     if root is None:
         node = top = root = c._root(extra_key)
@@ -103,7 +111,12 @@ def insert_tokens(c, tokens, indices, extra_key, start):
     if new is None:
         return n >> 3, node, vals
     leaf = next(_NIDS)
-    c._key[leaf], valt[leaf], c._par[leaf] = key[end:n], new.tobytes(), node
+    c._key[leaf], c._par[leaf] = key[end:n], node
+    if claim is None:
+        valt[leaf] = new.tobytes()
+        c.pool._state[heads] = CACHED
+    else:
+        valt[leaf] = vb
     c._lock[leaf], time[leaf] = 0, clock
     kids, first = c._kids.get(node), key[end:end + pb]
     c._first[leaf] = first
@@ -114,7 +127,6 @@ def insert_tokens(c, tokens, indices, extra_key, start):
     else:
         kids[first] = leaf
     c._evictable += len(new)
-    c.pool._state[heads] = CACHED
     index.add(leaf)
     return end >> 3, leaf, vals
 

@@ -10,10 +10,10 @@ error, evict from the cache and retry. Every failed call leaves the pool unchang
 
 Conservation: `available_size() + (slots handed out and not yet freed) == size`, exactly.
 
-Each slot has one state (`_state`, uint8): FREE, HELD (handed out to a caller) or CACHED (given
-to a radix cache by `insert`; for a page, its first slot carries the mark). `free` refuses
-CACHED slots: those go back only through the cache's eviction (`_release_cached`). A pool
-serves at most one cache.
+Each slot has one state (`_state`, uint8, a view of the bytearray `_state_buf`): FREE, HELD
+(handed out to a caller) or CACHED (given to a radix cache by `insert`; for a page, its first
+slot carries the mark). `free` refuses CACHED slots: those go back only through the cache's
+eviction (`_release_cached`). A pool serves at most one cache.
 """
 from __future__ import annotations
 
@@ -73,7 +73,9 @@ class TokenPool:
         self.size = size
         self._stack = np.arange(size - 1, -1, -1, dtype=np.int64)  # top = end, slot 0 first
         self._top = size
-        self._state = np.full(size, FREE, dtype=np.uint8)
+        # one byte a slot; the radix cache's C slot check (_radix_native.c) writes the bytearray
+        self._state_buf = bytearray([FREE]) * size
+        self._state = np.frombuffer(self._state_buf, dtype=np.uint8)
 
     ##### Public API #####
 

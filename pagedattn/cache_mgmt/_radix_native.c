@@ -1,0 +1,215 @@
+/* C helpers for the radix prefix cache's request path (radix_cache.py, radix_insert.py).
+ *
+ * Built at first use with the C compiler Python was built with (native.py), like Triton's
+ * launcher stubs; without a compiler the cache runs the pure-Python path, which gives the same
+ * results. Each function replaces one Python helper and keeps its contract:
+ *
+ *   encode(seq)                               radix_node.encode_tokens for a list or tuple
+ *   find(kids, keys, pb, ps, node, key, pos, n) RadixCache._find (+ _common)
+ *   claim(state, new, ps)                     radix_insert._check_new_slots + the CACHED mark
+ *
+ * Keys and values are bytes of native int64 (8 bytes a token or slot). Nothing here keeps a
+ * reference past a call or holds the GIL's protection open across Python code, except where
+ * `encode` calls __index__ on a non-int token (see there).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define TB 8 /* bytes per token in a key */
+
+/* One token -> int64; -1 with an exception set on failure (ValueError: out of range). */
+static int token_value(PyObject *x, Py_ssize_t i, long long *out) {
+    int overflow = 0;
+    long long v;
+    if (PyLong_CheckExact(x)) {
+        v = PyLong_AsLongLongAndOverflow(x, &overflow);
+    } else {
+        PyObject *ix = PyNumber_Index(x); /* bool, numpy integers; TypeError for the rest */
+        if (ix == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) return -1;
+            PyErr_Format(PyExc_TypeError,
+                         "tokens: expected int64 token ids (token %zd is a %.100s)", i,
+                         Py_TYPE(x)->tp_name);
+            return -1;
+        }
+        v = PyLong_AsLongLongAndOverflow(ix, &overflow);
+        Py_DECREF(ix);
+    }
+    if (overflow) {
+        PyErr_Format(PyExc_ValueError, "tokens: expected int64 token ids (token %zd is out of "
+                     "range)", i);
+        return -1;
+    }
+    if (v == -1 && PyErr_Occurred()) return -1;
+    *out = v;
+    return 0;
+}
+
+/* The value of an exact int that fits one digit (every token id), without a call: 1 when set.
+ * NOTE: CPython's documented unstable API from 3.12; before that, the digit layout that
+ * Cython's fast paths read too. */
+static inline int compact_value(PyObject *x, long long *v) {
+#if PY_VERSION_HEX >= 0x030C0000
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)x)) return 0;
+    *v = (long long)PyUnstable_Long_CompactValue((PyLongObject *)x);
+    return 1;
+#else
+    Py_ssize_t size = Py_SIZE(x);
+    if (size < -1 || size > 1) return 0;
+    *v = size * (long long)((PyLongObject *)x)->ob_digit[0];
+    return 1;
+#endif
+}
+
+/* encode(seq: list | tuple) -> bytes of int64 tokens.
+ * NOTE: __index__ of a non-int token is Python code that may change a list; the list is read
+ * again after each such call, and a change of length is an error. */
+static PyObject *encode(PyObject *self, PyObject *seq) {
+    if (!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq)) {
+        PyErr_Format(PyExc_TypeError, "tokens: expected a list or tuple, got %.100s",
+                     Py_TYPE(seq)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * TB);
+    if (out == NULL) return NULL;
+    int64_t *dst = (int64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PySequence_Fast_ITEMS(seq)[i];
+        long long v;
+        if (!PyLong_CheckExact(x) || !compact_value(x, &v)) {
+            Py_INCREF(x);                   /* __index__ may drop the list's reference */
+            int rc = token_value(x, i, &v);
+            Py_DECREF(x);
+            if (rc) goto fail;
+            if (PySequence_Fast_GET_SIZE(seq) != n) {
+                PyErr_SetString(PyExc_RuntimeError, "tokens: the list changed size while it "
+                                "was encoded");
+                goto fail;
+            }
+        }
+        dst[i] = (int64_t)v;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* Tokens (8-byte words) of the common prefix of a[0:lim) and b[0:lim), lim in words. */
+static Py_ssize_t common_words(const char *a, const char *b, Py_ssize_t lim) {
+    Py_ssize_t i = 0;
+    while (i < lim && memcmp(a + i * TB, b + i * TB, TB) == 0) i++;
+    return i;
+}
+
+/* find(kids, keys, pb, ps, node, key, pos, n) -> (path, node, pos, cut, m): RadixCache._find.
+ * kids: {node id: {first-page bytes: child id}} (sparse); keys: {node id: key bytes};
+ * pb = page bytes, ps = page size in tokens; pos and n are page-aligned byte offsets in key.
+ * A child found by its first page matches at least that page, so m >= pb when cut != 0. */
+static PyObject *find(PyObject *self, PyObject *args) {
+    PyObject *kids, *keys, *node, *key;
+    Py_ssize_t pb, ps, pos, n;
+    if (!PyArg_ParseTuple(args, "O!O!nnOO!nn", &PyDict_Type, &kids, &PyDict_Type, &keys, &pb,
+                          &ps, &node, &PyBytes_Type, &key, &pos, &n))
+        return NULL;
+    if (pb != ps * TB || ps < 1 || pos < 0 || n > PyBytes_GET_SIZE(key) || pos % pb ||
+        n % pb) {
+        PyErr_SetString(PyExc_ValueError, "find: inconsistent page or key bounds");
+        return NULL;
+    }
+    const char *kb = PyBytes_AS_STRING(key);
+    PyObject *path = PyList_New(0);
+    if (path == NULL) return NULL;
+    while (pos < n) {
+        PyObject *ch = PyDict_GetItemWithError(kids, node); /* borrowed */
+        if (ch == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            break;
+        }
+        if (!PyDict_CheckExact(ch)) {
+            PyErr_SetString(PyExc_TypeError, "find: a children table is not a dict");
+            goto fail;
+        }
+        PyObject *first = PyBytes_FromStringAndSize(kb + pos, pb);
+        if (first == NULL) goto fail;
+        PyObject *c = PyDict_GetItemWithError(ch, first); /* borrowed */
+        Py_DECREF(first);
+        if (c == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            break;
+        }
+        PyObject *ck = PyDict_GetItemWithError(keys, c);
+        if (ck == NULL || !PyBytes_Check(ck)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_KeyError, "find: a child without a key");
+            goto fail;
+        }
+        Py_ssize_t lk = PyBytes_GET_SIZE(ck);
+        if (lk <= n - pos && memcmp(kb + pos, PyBytes_AS_STRING(ck), lk) == 0) {
+            if (PyList_Append(path, c)) goto fail;
+            pos += lk;
+            node = c;
+            continue;
+        }
+        Py_ssize_t lim = (lk < n - pos ? lk : n - pos) / TB;
+        Py_ssize_t i = common_words(PyBytes_AS_STRING(ck), kb + pos, lim);
+        Py_ssize_t m = (i - i % ps) * TB;
+        return Py_BuildValue("(NOnOn)", path, node, pos, c, m);
+    }
+    return Py_BuildValue("(NOnin)", path, node, pos, 0, (Py_ssize_t)0);
+fail:
+    Py_DECREF(path);
+    return NULL;
+}
+
+enum { HELD = 0, FREE = 1, CACHED = 2, CLAIMING = 3 }; /* token_pool.py's states + a mark */
+
+/* claim(state: bytearray, new: bytes, ps) -> 0, or an error code with nothing changed:
+ * 1 the slots are not whole pages in order, 2 a page's first slot out of range,
+ * 3 a page given twice, 4 a page not HELD (free or cached). The Python check then names the
+ * error (radix_insert.py): the code only says that there is one.
+ * On 0 every page's first slot is marked CACHED. The state of each page's first slot stands for
+ * the page (token_pool.py). A page under check is marked CLAIMING, so a second occurrence is
+ * seen at once; on an error the marks are undone. */
+static PyObject *claim(PyObject *self, PyObject *args) {
+    PyObject *state;
+    Py_buffer nb;
+    Py_ssize_t ps;
+    if (!PyArg_ParseTuple(args, "O!y*n", &PyByteArray_Type, &state, &nb, &ps)) return NULL;
+    const int64_t *s = (const int64_t *)nb.buf;
+    Py_ssize_t count = nb.len / TB, size = PyByteArray_GET_SIZE(state), r, code = 0;
+    unsigned char *st = (unsigned char *)PyByteArray_AS_STRING(state);
+    if (ps < 1 || nb.len % TB || count % ps) {
+        PyBuffer_Release(&nb);
+        return PyLong_FromLong(1);
+    }
+    for (r = 0; r < count; r += ps) {
+        int64_t h = s[r];
+        if (h < 0 || h >= size) { code = 2; break; }
+        if (h % ps) { code = 1; break; }
+        for (Py_ssize_t j = 1; j < ps; j++)         /* h + j < size: no overflow */
+            if (s[r + j] != h + j) { code = 1; break; }
+        if (code) break;
+        if (st[h] == CLAIMING) { code = 3; break; }
+        if (st[h] != HELD) { code = 4; break; }
+        st[h] = CLAIMING;
+    }
+    for (Py_ssize_t q = 0; q < r; q += ps) st[s[q]] = code ? HELD : CACHED;
+    PyBuffer_Release(&nb);
+    return PyLong_FromSsize_t(code);
+}
+
+static PyMethodDef methods[] = {
+    {"encode", encode, METH_O, "list or tuple of int tokens -> bytes of int64"},
+    {"find", find, METH_VARARGS, "RadixCache._find: the read-only descent"},
+    {"claim", claim, METH_VARARGS, "check new slots and mark their pages CACHED"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_radix_native", NULL, -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__radix_native(void) { return PyModule_Create(&module); }
