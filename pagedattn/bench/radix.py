@@ -5,8 +5,9 @@ Python list built before the span (docs/radix_peer.md: what each cache gets, wha
 Rows, at page sizes 1 and 16: few-shot (1,000 requests, a shared 3,000-token prompt + 50-200
 tokens), multi-turn (200 conversations x 8 turns), tree search (10 problems, 500-token trunk,
 4-way to depth 4), 1M cached (multi-turn 200 x 4 on a tree holding 1,000,000 tokens). Also the
-fast path (keys encoded outside the span), evict per leaf at 1k/8k/32k leaves, the longest
-collector pause per replay (gc.callbacks), a full collection with the 1M-token tree alive.
+fast path (keys encoded outside the span), the pure-Python path (no C helpers), evict per leaf
+at 1k/8k/32k leaves, the longest collector pause per replay (gc.callbacks), a full collection
+with the 1M-token tree alive.
 
     pagedattn-bench radix --record            # results of record, bench/results/radix/
     pagedattn-bench radix --quick --sglang none
@@ -14,6 +15,7 @@ collector pause per replay (gc.callbacks), a full collection with the 1M-token t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import os
@@ -30,6 +32,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from pagedattn.bench import _sglang_peer as peer
+from pagedattn.cache_mgmt import native
 from pagedattn.cache_mgmt.radix_cache import RadixCache
 
 ##### Workloads (lists of int64 arrays, in arrival order) #####
@@ -69,10 +72,12 @@ KEYS = {"list": lambda a: a.tolist(), "bytes": lambda a: a.tobytes(),
 
 
 class Ours:
-    """`c`: the cache (evictable_size, evict); `keys`: the token form (KEYS) it is given."""
+    """`c`: the cache (evictable_size, evict); `keys`: the token form (KEYS) it is given;
+    `c_helpers`: False builds it on the pure-Python path (native.py)."""
 
-    def __init__(self, size, page_size, keys="list"):
-        self.c = RadixCache.create_simulated(size, page_size=page_size)
+    def __init__(self, size, page_size, keys="list", c_helpers=True):
+        with contextlib.nullcontext() if c_helpers else native.disabled():
+            self.c = RadixCache.create_simulated(size, page_size=page_size)
         self.pool, self.ps, self.keys = self.c.pool, page_size, KEYS[keys]
 
     def request(self, arr):
@@ -193,6 +198,7 @@ def impls(ps, versions, fast):
     out = [("pagedattn", lambda s: Ours(s, ps))]
     out += [(f"pagedattn ({k} keys)", lambda s, k=k: Ours(s, ps, k)) for k in
             ("bytes", "array") if fast]
+    out += [("pagedattn (pure Python)", lambda s: Ours(s, ps, c_helpers=False))] * fast
     for ns in versions:
         arrays = "array" in str(ns.RadixKey.__init__.__annotations__.get("token_ids"))
         out += [(f"sglang {ns.version}" + " (array keys)" * (k == "array"),
@@ -345,6 +351,9 @@ def report(df, ev, mism, versions, args, out, argv) -> str:
             f"{', '.join(ns.version for ns in versions) or 'not run'} (released wheels from pip, "
             "radix cache module only: docs/radix_peer.md)",
             f"command: pagedattn-bench radix {' '.join(argv)}",
+            "pagedattn rows: the C helpers (cache_mgmt/native.py) " + (
+                "built and used" if native.load() is not None else
+                f"NOT in use ({native.reason()})") + "; `pure Python`: the fallback path",
             f"{args.repeat} replays per cache and row, interleaved (median shown; gc_max_ms: the "
             f"longest); gc.freeze() of the startup heap: {'no' if args.no_gc_freeze else 'yes'}",
             "requests during which the OS switched the process out are left out of the "
@@ -354,7 +363,7 @@ def report(df, ev, mism, versions, args, out, argv) -> str:
                       "## Plain lists (the engine call path), per request", "",
                       tabulate(summary(df, versions), **TAB), "",
                       "## All rows (`(... keys)` rows: tokens given as bytes or array('q'), "
-                      "made outside the span)",
+                      "made outside the span; `(pure Python)`: without the C helpers)",
                       "", tabulate(df[cols], **TAB), "",
                       "## evict: us per leaf (median call of 10 leaves x 64 tokens; median of "
                       "the replays)", "", tabulate(evw, **TAB), ""])
