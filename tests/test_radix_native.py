@@ -11,13 +11,15 @@ import sysconfig
 
 import numpy as np
 import pytest
+import torch
 
 from pagedattn.cache_mgmt import native
-from pagedattn.cache_mgmt.errors import ForeignId
+from pagedattn.cache_mgmt.errors import CacheError, ForeignId
 from pagedattn.cache_mgmt.radix_cache import RadixCache
 from pagedattn.cache_mgmt.radix_insert import _check_new_slots
 from pagedattn.cache_mgmt.radix_node import encode_tokens_py
-from pagedattn.cache_mgmt.token_pool import CACHED, FREE, HELD
+from pagedattn.cache_mgmt.token_pool import CACHED, FREE, HELD, PagedTokenPool, TokenPool
+from radix_paths import radix_path
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("PAGEDATTN_RADIX_NATIVE") == "0", reason="PAGEDATTN_RADIX_NATIVE=0")
@@ -198,6 +200,50 @@ def test_claim_random_against_python(nat):
             if ok:
                 want[slots[::ps]] = CACHED
             assert bytes(st) == want.tobytes()
+
+
+def pool_pair(ps: int, rng):
+    """Two pools with the same history, one on each path: some pages handed out, some of those
+    marked CACHED (what insert does to a page's first slot)."""
+    pools = []
+    for c_helpers in (True, False):
+        with radix_path(c_helpers):
+            pool = TokenPool(16) if ps == 1 else PagedTokenPool(16 * ps, ps)
+        held = pool.alloc(12 * ps).numpy()
+        pools.append((pool, held))
+    cached = rng.choice(12, 3, replace=False) * ps
+    for pool, held in pools:
+        pool._state[held[cached]] = CACHED
+    return pools
+
+
+@pytest.mark.parametrize("ps", [1, 2, 4])
+def test_release_matches_the_python_free(nat, ps):
+    """pool.free with the C check and without: the same error type, or the same free stack and
+    states, for whole pages in and out of order, partial pages, duplicates, free, cached and
+    out-of-range slots."""
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        (a, held), (b, _) = pool_pair(ps, rng)
+        pages = rng.choice(np.concatenate([held[::ps] // ps, [12, 13, 16, -1]]),
+                           rng.integers(1, 5))
+        slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
+        if rng.random() < 0.3:
+            slots = slots[rng.permutation(slots.size)]
+        if rng.random() < 0.2:
+            slots = slots[:-1]
+        errs = []
+        for pool in (a, b):
+            try:
+                pool.free(torch.from_numpy(slots.copy()))
+                errs.append(None)
+            except (ValueError, CacheError) as e:
+                errs.append(type(e))
+        assert errs[0] == errs[1], (ps, slots, errs)
+        assert a.available_size() == b.available_size()
+        assert np.array_equal(a._state, b._state) and np.array_equal(a.free_slots(),
+                                                                     b.free_slots())
+        a.check_integrity()
 
 
 def test_build_and_fallback(tmp_path, monkeypatch):

@@ -35,6 +35,8 @@ from pagedattn.bench import _sglang_peer as peer
 from pagedattn.cache_mgmt import native
 from pagedattn.cache_mgmt.radix_cache import RadixCache
 
+PAGES = (1, 16)
+
 ##### Workloads (lists of int64 arrays, in arrival order) #####
 
 def few_shot(rng, n_req=1000, sys_len=3000):
@@ -208,49 +210,56 @@ def impls(ps, versions, fast):
 
 
 def run(args, versions):
+    """Every workload at both page sizes; the replays of one workload are interleaved across
+    page sizes and caches (machine drift hits every row alike, page 1 and page 16 included)."""
     quick, rows, mism = args.quick, [], []
-    for ps in (1, 16):
-        rng = np.random.default_rng(0)
-        wl = {"few-shot": few_shot(rng, n_req=300 if quick else 1000),
-              "multi-turn": multi_turn(rng, n_conv=60 if quick else 200),
-              "tree search": tree_search(rng, n_prob=3 if quick else 10),
-              "1M cached": multi_turn(rng, n_conv=50 if quick else 200, turns=4)}
-        cached = 200_000 if quick else 1_000_000
-        caches = impls(ps, versions, not args.no_fast)
-        for name, reqs in wl.items():
-            runs, big = {n: [] for n, _ in caches}, name == "1M cached"
-            for _ in range(args.repeat):        # interleaved: machine noise hits every cache
-                for impl, make in caches:
-                    c = make(4_000_000 + cached * big)
-                    prefill(c, np.random.default_rng(1), cached * big)
-                    gc.collect()
-                    row, got = replay(c, reqs)
-                    t0 = time.perf_counter()
-                    gc.collect()                # a full collection with the tree alive
-                    row["gc_full_ms"] = (time.perf_counter() - t0) * 1e3
-                    runs[impl].append((row, got))
-                    del c
-                    gc.collect()
-            for impl, rs in runs.items():           # every run against ours' first
-                bad = sum(int((got != runs["pagedattn"][0][1]).sum()) for _, got in rs)
-                mism += [f"{impl} {name} page {ps}: {bad} requests matched differently"] * (bad > 0)
-                df = pd.DataFrame([r for r, _ in rs])
-                agg = {k: df[k].median() if df[k].dtype.kind == "f" else df[k].iloc[0] for k in df}
-                rows.append({"workload": name, "page": ps, "impl": impl, "mismatches": bad,
-                             **agg, "gc_max_ms": df.gc_max_ms.max()})
-            print(f"page {ps} {name}: done", file=sys.stderr)
-    return pd.DataFrame(rows), mism
+    rng = np.random.default_rng(0)
+    wl = {"few-shot": few_shot(rng, n_req=300 if quick else 1000),
+          "multi-turn": multi_turn(rng, n_conv=60 if quick else 200),
+          "tree search": tree_search(rng, n_prob=3 if quick else 10),
+          "1M cached": multi_turn(rng, n_conv=50 if quick else 200, turns=4)}
+    cached = 200_000 if quick else 1_000_000
+    caches = [(ps, impl, make) for ps in PAGES for impl, make in impls(ps, versions,
+                                                                       not args.no_fast)]
+    for name, reqs in wl.items():
+        runs, big = {(ps, n): [] for ps, n, _ in caches}, name == "1M cached"
+        for _ in range(args.repeat):
+            for ps, impl, make in caches:
+                c = make(4_000_000 + cached * big)
+                prefill(c, np.random.default_rng(1), cached * big)
+                gc.collect()
+                row, got = replay(c, reqs)
+                t0 = time.perf_counter()
+                gc.collect()                    # a full collection with the tree alive
+                row["gc_full_ms"] = (time.perf_counter() - t0) * 1e3
+                runs[ps, impl].append((row, got))
+                del c
+                gc.collect()
+        for (ps, impl), rs in runs.items():     # every run against ours' first
+            bad = sum(int((got != runs[ps, "pagedattn"][0][1]).sum()) for _, got in rs)
+            mism += [f"{impl} {name} page {ps}: {bad} requests matched differently"] * (bad > 0)
+            df = pd.DataFrame([r for r, _ in rs])
+            agg = {k: df[k].median() if df[k].dtype.kind == "f" else df[k].iloc[0] for k in df}
+            rows.append({"workload": name, "page": ps, "impl": impl, "mismatches": bad,
+                         **agg, "gc_max_ms": df.gc_max_ms.max()})
+        print(f"{name}: done", file=sys.stderr)
+    df = pd.DataFrame(rows)
+    return df.sort_values("page", kind="stable", ignore_index=True), mism
 
 
 def run_evict(args, versions):
-    rows = []   # SGLang heapifies every leaf in each call: fewer calls for it
-    for ps, (impl, make) in [(ps, i) for ps in (1, 16) for i in impls(ps, versions, False)]:
-        for leaves in ((1000, 8000) if args.quick else (1000, 8000, 32000)):
-            us = [evict_cost(make, np.random.default_rng(2), leaves,
-                             100 if impl == "pagedattn" else 10) for _ in range(args.repeat)]
-            rows.append(dict(impl=impl, page=ps, leaves=leaves, us_per_leaf=np.median(us)))
-            gc.collect()
-    return pd.DataFrame(rows)
+    """Per-leaf evict cost; the replays are interleaved across tree sizes and caches."""
+    sizes = (1000, 8000) if args.quick else (1000, 8000, 32000)
+    caches = [(ps, impl, make) for ps in PAGES for impl, make in impls(ps, versions, False)]
+    us = {(ps, impl, n): [] for ps, impl, _ in caches for n in sizes}
+    for _ in range(args.repeat):
+        for ps, impl, make in caches:
+            for leaves in sizes:    # SGLang heapifies every leaf in each call: fewer calls
+                us[ps, impl, leaves].append(evict_cost(
+                    make, np.random.default_rng(2), leaves, 100 if impl == "pagedattn" else 10))
+                gc.collect()
+    return pd.DataFrame([dict(impl=impl, page=ps, leaves=n, us_per_leaf=np.median(v))
+                         for (ps, impl, n), v in us.items()])
 
 
 ##### Report #####

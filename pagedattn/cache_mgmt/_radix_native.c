@@ -1,12 +1,14 @@
-/* C helpers for the radix prefix cache's request path (radix_cache.py, radix_insert.py).
+/* C helpers for the radix prefix cache's request path (radix_cache.py, radix_insert.py) and
+ * for its token pools' free (token_pool.py).
  *
  * Built at first use with the C compiler Python was built with (native.py), like Triton's
- * launcher stubs; without a compiler the cache runs the pure-Python path, which gives the same
- * results. Each function replaces one Python helper and keeps its contract:
+ * launcher stubs; without a compiler the cache and the pools run the pure-Python path, which
+ * gives the same results. Each function replaces one Python helper and keeps its contract:
  *
  *   encode(seq)                               radix_node.encode_tokens for a list or tuple
  *   find(kids, keys, pb, ps, node, key, pos, n) RadixCache._find (+ _common)
  *   claim(state, new, ps)                     radix_insert._check_new_slots + the CACHED mark
+ *   release(state, slots, ps)                 TokenPool.free's checks + the FREE mark
  *
  * Keys and values are bytes of native int64 (8 bytes a token or slot). Nothing here keeps a
  * reference past a call or holds the GIL's protection open across Python code, except where
@@ -165,47 +167,66 @@ fail:
     return NULL;
 }
 
-enum { HELD = 0, FREE = 1, CACHED = 2, CLAIMING = 3 }; /* token_pool.py's states + a mark */
+enum { HELD = 0, FREE = 1, CACHED = 2, MARK = 3 }; /* token_pool.py's states + a mark */
 
-/* claim(state: bytearray, new: bytes, ps) -> 0, or an error code with nothing changed:
- * 1 the slots are not whole pages in order, 2 a page's first slot out of range,
- * 3 a page given twice, 4 a page not HELD (free or cached). The Python check then names the
- * error (radix_insert.py): the code only says that there is one.
- * On 0 every page's first slot is marked CACHED. The state of each page's first slot stands for
- * the page (token_pool.py). A page under check is marked CLAIMING, so a second occurrence is
- * seen at once; on an error the marks are undone. */
-static PyObject *claim(PyObject *self, PyObject *args) {
-    PyObject *state;
-    Py_buffer nb;
-    Py_ssize_t ps;
-    if (!PyArg_ParseTuple(args, "O!y*n", &PyByteArray_Type, &state, &nb, &ps)) return NULL;
-    const int64_t *s = (const int64_t *)nb.buf;
-    Py_ssize_t count = nb.len / TB, size = PyByteArray_GET_SIZE(state), r, code = 0;
-    unsigned char *st = (unsigned char *)PyByteArray_AS_STRING(state);
-    if (ps < 1 || nb.len % TB || count % ps) {
-        PyBuffer_Release(&nb);
-        return PyLong_FromLong(1);
-    }
+/* Move whole pages of slots out of HELD in the pool's per-slot `state`: 0, or an error code
+ * with nothing changed: 1 the slots are not whole pages, each in order, 2 a slot out of range,
+ * 3 a page listed twice, 4 a slot not HELD (free or cached). The Python checks then name the
+ * error: the code only says that there is one (and a paged pool's free also takes pages whose
+ * slots come out of order, which it sorts).
+ * `all_slots` 0 (claim): the page's first slot stands for the page (token_pool.py): it is
+ * checked and set to `to`. 1 (release): every slot is checked and set. A page under check has
+ * its first slot marked, so a second occurrence is seen at once; on an error the marks are
+ * undone. */
+static Py_ssize_t take_pages(unsigned char *st, Py_ssize_t size, const int64_t *s,
+                             Py_ssize_t count, Py_ssize_t ps, unsigned char to, int all_slots) {
+    Py_ssize_t r, code = 0;
+    if (ps < 1 || count % ps || size < ps) return 1;
     for (r = 0; r < count; r += ps) {
         int64_t h = s[r];
-        if (h < 0 || h >= size) { code = 2; break; }
+        if (h < 0 || h > size - ps) { code = 2; break; }
         if (h % ps) { code = 1; break; }
         for (Py_ssize_t j = 1; j < ps; j++)         /* h + j < size: no overflow */
             if (s[r + j] != h + j) { code = 1; break; }
         if (code) break;
-        if (st[h] == CLAIMING) { code = 3; break; }
-        if (st[h] != HELD) { code = 4; break; }
-        st[h] = CLAIMING;
+        if (st[h] == MARK) { code = 3; break; }
+        for (Py_ssize_t j = 0; j < (all_slots ? ps : 1); j++)
+            if (st[h + j] != HELD) { code = 4; break; }
+        if (code) break;
+        st[h] = MARK;
     }
-    for (Py_ssize_t q = 0; q < r; q += ps) st[s[q]] = code ? HELD : CACHED;
+    for (Py_ssize_t q = 0; q < r; q += ps) {
+        if (code || !all_slots) st[s[q]] = code ? HELD : to;
+        else memset(st + s[q], to, ps);
+    }
+    return code;
+}
+
+static PyObject *take_pages_py(PyObject *args, unsigned char to, int all_slots) {
+    PyObject *state;
+    Py_buffer nb;
+    Py_ssize_t ps;
+    if (!PyArg_ParseTuple(args, "O!y*n", &PyByteArray_Type, &state, &nb, &ps)) return NULL;
+    Py_ssize_t code = nb.len % TB ? 1 : take_pages(
+        (unsigned char *)PyByteArray_AS_STRING(state), PyByteArray_GET_SIZE(state),
+        (const int64_t *)nb.buf, nb.len / TB, ps, to, all_slots);
     PyBuffer_Release(&nb);
     return PyLong_FromSsize_t(code);
 }
+
+/* claim(state: bytearray, new: bytes, ps) -> code: insert's new pages, HELD -> CACHED
+ * (radix_insert._check_new_slots + the CACHED mark). */
+static PyObject *claim(PyObject *self, PyObject *args) { return take_pages_py(args, CACHED, 0); }
+
+/* release(state: bytearray, slots: bytes, ps) -> code: a pool's free, HELD -> FREE for every
+ * slot (TokenPool.free's checks; the caller puts the slots or pages back on its free stack). */
+static PyObject *release(PyObject *self, PyObject *args) { return take_pages_py(args, FREE, 1); }
 
 static PyMethodDef methods[] = {
     {"encode", encode, METH_O, "list or tuple of int tokens -> bytes of int64"},
     {"find", find, METH_VARARGS, "RadixCache._find: the read-only descent"},
     {"claim", claim, METH_VARARGS, "check new slots and mark their pages CACHED"},
+    {"release", release, METH_VARARGS, "check slots a caller frees and mark them FREE"},
     {NULL, NULL, 0, NULL},
 };
 

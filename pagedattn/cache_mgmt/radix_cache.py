@@ -13,7 +13,9 @@ Performance design (see docs/radix_cache.md):
   collector does not track. The tree adds nothing to any collection, young or full;
 * values are immutable copies; a match joins them and makes one tensor (`slots_tensor`);
 * eviction order is kept incrementally (radix_evict.py): `evict` never scans all leaves, and
-  frees all its victims with one pool call.
+  frees all its victims with one pool call;
+* C helpers (native.py: encoding, the walk, insert's slot check) when they build; otherwise
+  the same steps in Python, with the same results.
 
 Namespaces: `extra_key` (LoRA id, tenant salt...) selects a separate root; namespaces never share
 nodes. Locks (§2.3): `lock_ref(node)` is the number of live handles whose path contains the

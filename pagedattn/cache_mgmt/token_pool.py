@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from . import native
 from .errors import CacheError, DoubleFree, ForeignId, OutOfBlocks
 
 __all__ = ["TokenPool", "PagedTokenPool", "as_slot_array", "out_of_range"]
@@ -73,9 +74,12 @@ class TokenPool:
         self.size = size
         self._stack = np.arange(size - 1, -1, -1, dtype=np.int64)  # top = end, slot 0 first
         self._top = size
-        # one byte a slot; the radix cache's C slot check (_radix_native.c) writes the bytearray
+        # one byte a slot; the C helpers (_radix_native.c: free here, insert's slot check)
+        # read and write the bytearray
         self._state_buf = bytearray([FREE]) * size
         self._state = np.frombuffer(self._state_buf, dtype=np.uint8)
+        nat = native.load()
+        self._release = nat.release if nat is not None else None
 
     ##### Public API #####
 
@@ -96,11 +100,7 @@ class TokenPool:
             raise ValueError(f"n: expected a non-negative int, got {n!r}")
         if n > self._top:
             raise OutOfBlocks(f"n={n} slots requested, only {self._top} of {self.size} free")
-        top = self._top - n
-        out = self._stack[top:self._top][::-1].copy()
-        self._top = top
-        self._state[out] = HELD
-        return torch.from_numpy(out)
+        return torch.from_numpy(self._take(n))
 
     def free(self, slots) -> None:
         """Return `slots` (tensor / array / ints) to the pool; all-or-nothing.
@@ -110,6 +110,10 @@ class TokenPool:
         """
         arr = as_slot_array(slots)
         if arr.size == 0:
+            return
+        if self._release is not None and not self._release(self._state_buf, arr.tobytes(), 1):
+            self._stack[self._top:self._top + arr.size] = arr     # checked and marked FREE
+            self._top += arr.size
             return
         self._check_owned(arr)
         self._push(arr)
@@ -131,6 +135,14 @@ class TokenPool:
             raise DoubleFree("the FREE states and the free stack disagree")
 
     ##### Internal #####
+
+    def _take(self, n: int) -> np.ndarray:
+        """Hand out `n` <= available slots (checked by the caller), marked HELD."""
+        top = self._top - n
+        out = self._stack[top:self._top][::-1].copy()
+        self._top = top
+        self._state[out] = HELD
+        return out
 
     def _push(self, arr: np.ndarray) -> None:
         """Put checked, owned, distinct slots back on the free stack."""
@@ -193,11 +205,10 @@ class PagedTokenPool(TokenPool):
         if not isinstance(n, (int, np.integer)) or n < 0 or n % self.page_size:
             raise ValueError(f"n: expected a non-negative multiple of page_size="
                              f"{self.page_size}, got {n!r}")
-        try:
-            pages = self._pages.alloc(n // self.page_size).numpy()
-        except OutOfBlocks:
+        if n > self.available_size():
             raise OutOfBlocks(f"n={n} slots requested, only {self.available_size()} of "
-                              f"{self.size} free") from None
+                              f"{self.size} free")
+        pages = self._pages._take(n // self.page_size)
         out = (pages[:, None] * self.page_size + self._offs).reshape(-1)
         self._state[out] = HELD
         return torch.from_numpy(out)
@@ -205,6 +216,10 @@ class PagedTokenPool(TokenPool):
     def free(self, slots) -> None:
         arr = as_slot_array(slots)
         if arr.size == 0:
+            return
+        ps = self.page_size
+        if self._release is not None and not self._release(self._state_buf, arr.tobytes(), ps):
+            self._pages._push(arr[::ps] // ps)      # whole pages in order, checked, FREE
             return
         self._check_owned(arr, distinct=False)
         pages = self._whole_pages(arr) if arr.size % self.page_size == 0 else None
