@@ -129,7 +129,8 @@ def get(name: str) -> Any:
 
 def cache_dir() -> str:
     """The package's cache directory: ``PAGEDATTN_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagedattn``
-    or ``~/.cache/pagedattn`` (HIP builds, self-check records, the radix bench's SGLang wheels)."""
+    or ``~/.cache/pagedattn`` (HIP builds, the radix cache's C helpers, self-check records, the
+    radix bench's SGLang wheels)."""
     path = get("PAGEDATTN_CACHE_DIR")
     if path:
         return path

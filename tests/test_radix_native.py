@@ -261,6 +261,12 @@ def test_build_and_fallback(tmp_path, monkeypatch):
     assert "no C compiler" in native.reason()
     cache = RadixCache.create_simulated(16)
     assert cache._claim is None and cache._encode is encode_tokens_py
+    monkeypatch.setattr(native, "_compiler", lambda: ["cc"])
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("PAGEDATTN_CACHE_DIR", str(blocker))   # not a directory
+    mod, why = native._load()
+    assert mod is None and "not writable" in why
     monkeypatch.setattr(native, "_state", {})
     monkeypatch.setenv("PAGEDATTN_RADIX_NATIVE", "0")
     assert native.load() is None and native.reason() == "PAGEDATTN_RADIX_NATIVE=0"

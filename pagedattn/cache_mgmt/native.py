@@ -103,9 +103,12 @@ def _build(path: str) -> str:
     inc = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(inc, "Python.h")):
         return f"no Python headers ({inc}/Python.h)"
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
-    os.close(fd)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+        os.close(fd)
+    except OSError as e:
+        return f"the cache directory is not writable ({e})"
     cmd = cc + ["-O2", "-shared", "-fPIC", "-std=c99", "-Wall", f"-I{inc}", _SRC, "-o", tmp]
     if sys.platform == "darwin":
         cmd += ["-undefined", "dynamic_lookup"]
@@ -117,5 +120,9 @@ def _build(path: str) -> str:
     if r.returncode:
         os.unlink(tmp)
         return f"the build failed: {' '.join(cmd)}\n{r.stderr[-2000:]}"
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError as e:
+        os.unlink(tmp)
+        return f"the built module could not be put in place ({e})"
     return ""
