@@ -17,6 +17,7 @@ from pagedattn.cache_mgmt import native
 from pagedattn.cache_mgmt.errors import CacheError, ForeignId
 from pagedattn.cache_mgmt.radix_cache import RadixCache
 from pagedattn.cache_mgmt.radix_insert import _check_new_slots
+from pagedattn.cache_mgmt.radix_integrity import iter_nodes
 from pagedattn.cache_mgmt.radix_node import encode_tokens_py
 from pagedattn.cache_mgmt.token_pool import CACHED, FREE, HELD, PagedTokenPool, TokenPool
 from radix_paths import radix_path
@@ -78,12 +79,13 @@ def test_encode_survives_index_that_edits_the_list(nat):
         nat.encode([Boom()])
 
 
-def random_cache(seed: int, ps: int):
-    """A cache over prompts drawn from a 3-token vocabulary (deep sharing, many splits)."""
+def random_cache(seed: int, ps: int, vocab: int):
+    """A cache over prompts drawn from `vocab` tokens: 3 gives deep sharing and many splits,
+    50 nodes with more children than `find` compares in place (SCAN_CHILDREN)."""
     cache = RadixCache.create_simulated(4096 * ps, page_size=ps)
     rng = np.random.default_rng(seed)
     for _ in range(60):
-        toks = rng.integers(0, 3, rng.integers(1, 40) * ps).tolist()
+        toks = rng.integers(0, vocab, rng.integers(1, 40) * ps).tolist()
         m = cache.match_prefix(toks)
         slots = cache.pool.alloc(len(toks))
         got = cache.insert(toks, slots, start=m)
@@ -92,14 +94,17 @@ def random_cache(seed: int, ps: int):
 
 
 @pytest.mark.parametrize("ps", [1, 2, 4, 16])
-def test_find_matches_the_python_walk(nat, ps):
+@pytest.mark.parametrize("vocab", [3, 50])
+def test_find_matches_the_python_walk(nat, ps, vocab):
     """Same tree, every query: C `find` and RadixCache._find agree field by field, from the
     root and from inner nodes, with page-aligned bounds below the key's length too."""
-    cache = random_cache(1, ps)
+    cache = random_cache(1, ps, vocab)
+    widest = max(len(cache.child_nodes(x)) for x in [cache.root(), *iter_nodes(cache)])
+    assert (widest > 8) == (vocab > 3 or ps > 1), widest     # both ways of looking up a child
     rng = np.random.default_rng(2)
     starts = [(cache.root(), 0)]
     for _ in range(30):
-        toks = rng.integers(0, 3, rng.integers(0, 50) * ps + rng.integers(0, ps)).tolist()
+        toks = rng.integers(0, vocab, rng.integers(0, 50) * ps + rng.integers(0, ps)).tolist()
         key = encode_tokens_py(toks)
         n = len(key) - len(key) % (8 * ps)
         for n_ in (n, n - n % (8 * ps) - 8 * ps * (n > 0)):

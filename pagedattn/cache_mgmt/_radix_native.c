@@ -107,6 +107,27 @@ static Py_ssize_t common_words(const char *a, const char *b, Py_ssize_t lim) {
     return i;
 }
 
+/* The child of children table `ch` ({first-page bytes: child id}) whose first page is
+ * page[0:pb], or NULL (an exception set only on failure). A few children are compared in place
+ * (no key object to make and hash: a 16-token page is 128 bytes); more are looked up. */
+#define SCAN_CHILDREN 8
+static PyObject *child(PyObject *ch, const char *page, Py_ssize_t pb) {
+    if (PyDict_GET_SIZE(ch) <= SCAN_CHILDREN) {
+        Py_ssize_t it = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(ch, &it, &k, &v))
+            if (PyBytes_CheckExact(k) && PyBytes_GET_SIZE(k) == pb &&
+                memcmp(PyBytes_AS_STRING(k), page, pb) == 0)
+                return v;
+        return NULL;
+    }
+    PyObject *first = PyBytes_FromStringAndSize(page, pb);
+    if (first == NULL) return NULL;
+    PyObject *c = PyDict_GetItemWithError(ch, first);
+    Py_DECREF(first);
+    return c;
+}
+
 /* find(kids, keys, pb, ps, node, key, pos, n) -> (path, node, pos, cut, m): RadixCache._find.
  * kids: {node id: {first-page bytes: child id}} (sparse); keys: {node id: key bytes};
  * pb = page bytes, ps = page size in tokens; pos and n are page-aligned byte offsets in key.
@@ -135,10 +156,7 @@ static PyObject *find(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_TypeError, "find: a children table is not a dict");
             goto fail;
         }
-        PyObject *first = PyBytes_FromStringAndSize(kb + pos, pb);
-        if (first == NULL) goto fail;
-        PyObject *c = PyDict_GetItemWithError(ch, first); /* borrowed */
-        Py_DECREF(first);
+        PyObject *c = child(ch, kb + pos, pb); /* borrowed */
         if (c == NULL) {
             if (PyErr_Occurred()) goto fail;
             break;
