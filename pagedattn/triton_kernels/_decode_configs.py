@@ -28,9 +28,10 @@ _FP8_CONFIGS = {("nvidia", (128, 16)): (128, 4, 3), ("amd", (128, 64)): (32, 4, 
 # the triton it was checked under: the plan sizes one wave from shared memory and warps
 # (decode._slots: 4 programs of 4 warps per SM at rows <= 16, D 128), which 128 registers keep
 # resident. The guarded balanced kernel takes 144-150 otherwise (sm_90, triton 3.6: 3 per SM, a
-# second partial wave: 34.6 % slower at 32/8 (1, 32768) on the H200); at 128 it stores 8 bytes
-# outside its tile loops (tests/test_triton_decode_compile.py checks both). Triton 3.9 spills
-# inside the loops at 128: no cap there.
+# second partial wave); at 128 it stores 8 bytes outside its tile loops
+# (tests/test_triton_decode_compile.py checks both). On the H200 at 32/8 (1, 32768) the guards
+# cost 4.0 % with the cap and 34.6 % without (bench/results/2026-12-05-h200-9602dfa). Triton
+# 3.9 spills inside the loops at 128: no cap there.
 _BAL_MAXNREG = {("nvidia", (128, 16), "3.6."): 128}
 _TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
 MAX_ROWS = 256  # G * Lq rows per program
