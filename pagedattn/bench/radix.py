@@ -194,18 +194,23 @@ def evict_cost(make, rng, leaves, calls):
     return float(np.median(ts)) * 1e6 / 10
 
 
-def impls(ps, versions, fast):
-    """(name, factory(size)) for every cache in the run, ours first. SGLang gets array keys
-    where its RadixKey holds array[int] (what its scheduler keeps)."""
-    out = [("pagedattn", lambda s: Ours(s, ps))]
-    out += [(f"pagedattn ({k} keys)", lambda s, k=k: Ours(s, ps, k)) for k in
-            ("bytes", "array") if fast]
-    out += [("pagedattn (pure Python)", lambda s: Ours(s, ps, c_helpers=False))] * fast
-    for ns in versions:
-        arrays = "array" in str(ns.RadixKey.__init__.__annotations__.get("token_ids"))
-        out += [(f"sglang {ns.version}" + " (array keys)" * (k == "array"),
-                 lambda s, ns=ns, k=k: SGLang(ns, s, ps, k))
-                for k in ("list", "array") if k == "list" or (fast and arrays)]
+def impls(versions, fast):
+    """(page size, name, factory(size)) for every cache in the run, at both page sizes, ours
+    first. `fast`: also ours with keys encoded outside the span and on the pure-Python path,
+    and SGLang with array keys where its RadixKey holds array[int] (what its scheduler keeps)."""
+    out = []
+    for ps in PAGES:
+        out.append((ps, "pagedattn", lambda s, ps=ps: Ours(s, ps)))
+        if fast:
+            out += [(ps, f"pagedattn ({k} keys)", lambda s, ps=ps, k=k: Ours(s, ps, k))
+                    for k in ("bytes", "array")]
+            out.append((ps, "pagedattn (pure Python)",
+                        lambda s, ps=ps: Ours(s, ps, c_helpers=False)))
+        for ns in versions:
+            arrays = "array" in str(ns.RadixKey.__init__.__annotations__.get("token_ids"))
+            out += [(ps, f"sglang {ns.version}" + " (array keys)" * (k == "array"),
+                     lambda s, ps=ps, ns=ns, k=k: SGLang(ns, s, ps, k))
+                    for k in ("list", "array") if k == "list" or (fast and arrays)]
     return out
 
 
@@ -219,8 +224,7 @@ def run(args, versions):
           "tree search": tree_search(rng, n_prob=3 if quick else 10),
           "1M cached": multi_turn(rng, n_conv=50 if quick else 200, turns=4)}
     cached = 200_000 if quick else 1_000_000
-    caches = [(ps, impl, make) for ps in PAGES for impl, make in impls(ps, versions,
-                                                                       not args.no_fast)]
+    caches = impls(versions, not args.no_fast)
     for name, reqs in wl.items():
         runs, big = {(ps, n): [] for ps, n, _ in caches}, name == "1M cached"
         for _ in range(args.repeat):
@@ -250,7 +254,7 @@ def run(args, versions):
 def run_evict(args, versions):
     """Per-leaf evict cost; the replays are interleaved across tree sizes and caches."""
     sizes = (1000, 8000) if args.quick else (1000, 8000, 32000)
-    caches = [(ps, impl, make) for ps in PAGES for impl, make in impls(ps, versions, False)]
+    caches = impls(versions, False)
     us = {(ps, impl, n): [] for ps, impl, _ in caches for n in sizes}
     for _ in range(args.repeat):
         for ps, impl, make in caches:

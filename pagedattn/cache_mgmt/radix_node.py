@@ -2,9 +2,10 @@
 
 Keys are `bytes` of native int64 tokens: comparing a run of tokens with a node's key is one
 memcmp. `encode_tokens` converts once per request; a plain list goes through the C helper
-(`_radix_native.c`, about 1 ns a token) or, without it, `struct.pack` (about 4 ns a token, 2.5x
-faster than `array('q', list)`), numpy arrays and tensors through their buffers. Values (a node's slots) are `bytes` of int64 too: one object per value, joined
-in C and turned into a tensor with one `torch.frombuffer` (`slots_tensor`).
+(`_radix_native.c`, under 1 ns a token) or, without it, `struct.pack` (about 4 ns a token,
+2.5x faster than `array('q', list)`), numpy arrays and tensors through their buffers. Values (a
+node's slots) are `bytes` of int64 too: one object per value, joined in C and turned into a
+tensor with one `torch.frombuffer` (`slots_tensor`).
 """
 from __future__ import annotations
 
