@@ -46,10 +46,6 @@ _DECLARED = (
         "where HIP builds, the radix cache's C helpers, self-check records and the radix "
         "bench's SGLang wheels live (empty: "
         "`$XDG_CACHE_HOME/pagedattn` or `~/.cache/pagedattn`)"),
-    Var("PAGEDATTN_RADIX_NATIVE", "bool", "1",
-        "radix cache: build (at first use, with the C compiler Python was built with) and use "
-        "the C helpers for key encoding, the tree walk and insert's slot check; `0`, or no "
-        "compiler: the pure-Python path, same results"),
     Var("PAGEDATTN_HIP_VERBOSE", "bool", "0",
         "print the compiler's output while the HIP extension builds"),
     Var("PAGEDATTN_SLOW", "bool", "0",

@@ -1,7 +1,6 @@
 """Both paths of the radix cache in the tests: the C helpers (cache_mgmt/native.py) and the
 pure-Python one. A cache picks its path when it is constructed."""
 import contextlib
-import os
 
 import pytest
 
@@ -9,10 +8,10 @@ from pagedattn.cache_mgmt import native
 
 
 def radix_path(c_helpers: bool):
-    """A context in which caches are built with the C helpers, which must have built here
-    (unless PAGEDATTN_RADIX_NATIVE=0), or on the pure-Python path."""
+    """A context in which caches are built with the C helpers, which must have built here,
+    or on the pure-Python path."""
     if not c_helpers:
         return native.disabled()
-    if native.load() is None and os.environ.get("PAGEDATTN_RADIX_NATIVE") != "0":
+    if native.load() is None:
         pytest.fail(f"the radix cache's C helpers did not build: {native.reason()}")
     return contextlib.nullcontext()

@@ -22,10 +22,6 @@ from pagedattn.cache_mgmt.radix_node import encode_tokens_py
 from pagedattn.cache_mgmt.token_pool import CACHED, FREE, HELD, PagedTokenPool, TokenPool
 from radix_paths import radix_path
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("PAGEDATTN_RADIX_NATIVE") == "0", reason="PAGEDATTN_RADIX_NATIVE=0")
-
-
 @pytest.fixture(scope="module")
 def nat():
     mod = native.load()
@@ -272,9 +268,6 @@ def test_build_and_fallback(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGEDATTN_CACHE_DIR", str(blocker))   # not a directory
     mod, why = native._load()
     assert mod is None and "not writable" in why
-    monkeypatch.setattr(native, "_state", {})
-    monkeypatch.setenv("PAGEDATTN_RADIX_NATIVE", "0")
-    assert native.load() is None and native.reason() == "PAGEDATTN_RADIX_NATIVE=0"
 
 
 CHECK = r"""

@@ -7,9 +7,10 @@ It takes about a second, once; later processes load the built module in about a 
 Concurrent first builds (tensor-parallel ranks) each compile to a private file and rename it
 into place, so a reader never sees a half-written module.
 
-Without a compiler, or with PAGEDATTN_RADIX_NATIVE=0, `load()` returns None and the cache runs
-its pure-Python path: same results, about 1.5x the time per request (docs/radix_cache.md).
-`reason()` says why the C helpers are not in use.
+Without a compiler (or Python's headers, or a writable cache directory) `load()` returns None,
+once with a RuntimeWarning, and the cache and its pools run the pure-Python path: same results,
+1.7-2.4x the time per request (docs/radix_cache.md). `reason()` says why the C helpers are not in
+use.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def load():
     """The built C module, or None (see `reason()`). Built or loaded on the first call."""
     if "module" not in _state:
         _state["module"], _state["reason"] = _load()
-        if _state["module"] is None and config.get("PAGEDATTN_RADIX_NATIVE"):
+        if _state["module"] is None:
             warnings.warn(f"pagedattn radix cache: pure-Python path ({_state['reason']})",
                           RuntimeWarning, stacklevel=2)
     return _state["module"]
@@ -65,8 +66,6 @@ def reason() -> str:
 
 
 def _load():
-    if not config.get("PAGEDATTN_RADIX_NATIVE"):
-        return None, "PAGEDATTN_RADIX_NATIVE=0"
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     with open(_SRC, "rb") as f:
         src = f.read()
