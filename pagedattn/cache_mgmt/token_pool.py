@@ -112,8 +112,7 @@ class TokenPool:
         if arr.size == 0:
             return
         if self._release is not None and not self._release(self._state_buf, arr.tobytes(), 1):
-            self._stack[self._top:self._top + arr.size] = arr     # checked and marked FREE
-            self._top += arr.size
+            self._push(arr, marked=True)
             return
         self._check_owned(arr)
         self._push(arr)
@@ -144,11 +143,13 @@ class TokenPool:
         self._state[out] = HELD
         return out
 
-    def _push(self, arr: np.ndarray) -> None:
-        """Put checked, owned, distinct slots back on the free stack."""
+    def _push(self, arr: np.ndarray, marked: bool = False) -> None:
+        """Put checked, owned, distinct slots back on the free stack (`marked`: the C check
+        has already set them FREE)."""
         self._stack[self._top:self._top + arr.size] = arr
         self._top += arr.size
-        self._state[arr] = FREE
+        if not marked:
+            self._state[arr] = FREE
 
     def _check_owned(self, arr: np.ndarray, distinct: bool = True) -> None:
         """ForeignId / DoubleFree unless every slot is in range, held by the caller and (if
