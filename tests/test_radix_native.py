@@ -1,7 +1,8 @@
 """The radix cache's C helpers (cache_mgmt/_radix_native.c) against the Python code they stand
-in for: key encoding, the tree walk, insert's slot check; the build, its fallback, and the
-source under every Python whose headers this machine has. The whole cache on both paths:
-test_radix_cache.py, test_radix_lifecycle.py (a drawn flag) and the `radix_path` fixture."""
+in for: key encoding, the tree walk, insert's slot check, the pools' free; the build, its
+fallback, and the source under every Python whose headers this machine has. The whole cache on
+both paths: test_radix_cache.py, test_radix_lifecycle.py (a drawn flag) and the `radix_path`
+fixture."""
 import glob
 import os
 import shutil
@@ -21,6 +22,7 @@ from pagedattn.cache_mgmt.radix_integrity import iter_nodes
 from pagedattn.cache_mgmt.radix_node import encode_tokens_py
 from pagedattn.cache_mgmt.token_pool import CACHED, FREE, HELD, PagedTokenPool, TokenPool
 from radix_paths import radix_path
+
 
 @pytest.fixture(scope="module")
 def nat():
