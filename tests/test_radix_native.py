@@ -1,8 +1,8 @@
 """The radix cache's C helpers (cache_mgmt/_radix_native.c) against the Python code they stand
-in for: key encoding, the tree walk, insert's slot check, the pools' free; the build, its
-fallback, and the source under every Python whose headers this machine has. The whole cache on
-both paths: test_radix_cache.py, test_radix_lifecycle.py (a drawn flag) and the `radix_path`
-fixture."""
+in for: key encoding, the tree walk, insert's slot check, the pools' alloc and free; the build,
+its fallback, and the source under every Python whose headers this machine has. The whole cache
+on both paths: test_radix_cache.py, test_radix_lifecycle.py (a drawn flag) and the
+`radix_path` fixture."""
 import glob
 import os
 import shutil
@@ -247,6 +247,42 @@ def test_release_matches_the_python_free(nat, ps):
         assert np.array_equal(a._state, b._state) and np.array_equal(a.free_slots(),
                                                                      b.free_slots())
         a.check_integrity()
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_hold_matches_the_python_alloc(nat, ps):
+    """pool.alloc with the C helper and without: the same slots (int64, in order), states and
+    free counts over a random alloc/free history, empty allocs included."""
+    pools = []
+    for c_helpers in (True, False):
+        with radix_path(c_helpers):
+            pools.append(TokenPool(64) if ps == 1 else PagedTokenPool(64 * ps, ps))
+    a, b = pools
+    rng = np.random.default_rng(5)
+    held = []
+    for _ in range(300):
+        n = int(rng.integers(0, 6)) * ps
+        if (rng.random() < 0.5 or not held) and a.can_alloc(n):
+            x, y = a.alloc(n), b.alloc(n)
+            assert x.dtype == torch.int64 and torch.equal(x, y), (x, y)
+            held.append((x, y))
+        elif held:
+            x, y = held.pop(int(rng.integers(len(held))))
+            a.free(x)
+            b.free(y)
+        assert np.array_equal(a._state, b._state) and a.available_size() == b.available_size()
+    a.check_integrity()
+
+
+def test_hold_refuses_pages_outside_the_pool(nat):
+    st = bytearray([FREE]) * 16
+    for pages in ([4], [-1], [0, 4]):
+        with pytest.raises(ValueError, match="outside the pool"):
+            nat.hold(st, np.array(pages, np.int64).tobytes(), 4)
+    assert st == bytearray([FREE]) * 16
+    assert np.frombuffer(nat.hold(st, np.array([3, 0], np.int64).tobytes(), 4), np.int64) \
+        .tolist() == [12, 13, 14, 15, 0, 1, 2, 3] and st == bytearray([HELD] * 4 + [FREE] * 8 +
+                                                                      [HELD] * 4)
 
 
 def test_build_and_fallback(tmp_path, monkeypatch):

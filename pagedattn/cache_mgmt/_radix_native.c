@@ -1,5 +1,5 @@
 /* C helpers for the radix prefix cache's request path (radix_cache.py, radix_insert.py) and
- * for its token pools' free (token_pool.py).
+ * for its token pools' alloc and free (token_pool.py).
  *
  * Built at first use with the C compiler Python was built with (native.py), like Triton's
  * launcher stubs; without a compiler the cache and the pools run the pure-Python path, which
@@ -9,6 +9,7 @@
  *   find(kids, keys, pb, ps, node, key, pos, n) RadixCache._find (+ _common)
  *   claim(state, new, ps)                     radix_insert._check_new_slots + the CACHED mark
  *   release(state, slots, ps)                 TokenPool.free's checks + the FREE mark
+ *   hold(state, pages, ps)                    TokenPool.alloc's slots + the HELD mark
  *
  * Keys and values are bytes of native int64 (8 bytes a token or slot). Nothing here keeps a
  * reference past a call or holds the GIL's protection open across Python code, except where
@@ -203,7 +204,7 @@ static Py_ssize_t take_pages(unsigned char *st, Py_ssize_t size, const int64_t *
     for (r = 0; r < count; r += ps) {
         int64_t h = s[r];
         if (h < 0 || h > size - ps) { code = 2; break; }
-        if (h % ps) { code = 1; break; }
+        if (ps > 1 && h % ps) { code = 1; break; }
         for (Py_ssize_t j = 1; j < ps; j++)         /* h + j < size: no overflow */
             if (s[r + j] != h + j) { code = 1; break; }
         if (code) break;
@@ -214,8 +215,9 @@ static Py_ssize_t take_pages(unsigned char *st, Py_ssize_t size, const int64_t *
         st[h] = MARK;
     }
     for (Py_ssize_t q = 0; q < r; q += ps) {
-        if (code || !all_slots) st[s[q]] = code ? HELD : to;
-        else memset(st + s[q], to, ps);
+        if (code) st[s[q]] = HELD;
+        else if (all_slots && ps > 1) memset(st + s[q], to, ps);
+        else st[s[q]] = to;
     }
     return code;
 }
@@ -240,11 +242,54 @@ static PyObject *claim(PyObject *self, PyObject *args) { return take_pages_py(ar
  * slot (TokenPool.free's checks; the caller puts the slots or pages back on its free stack). */
 static PyObject *release(PyObject *self, PyObject *args) { return take_pages_py(args, FREE, 1); }
 
+/* hold(state: bytearray, pages: bytes, ps) -> bytearray: a pool's alloc. The slots of the
+ * given pages (int64, in page order, each page's ps slots in order), all marked HELD. The pages
+ * come off the pool's free stack; one out of range raises ValueError, changing nothing. */
+static PyObject *hold(PyObject *self, PyObject *args) {
+    PyObject *state, *out = NULL;
+    Py_buffer pb;
+    Py_ssize_t ps;
+    if (!PyArg_ParseTuple(args, "O!y*n", &PyByteArray_Type, &state, &pb, &ps)) return NULL;
+    const int64_t *pages = (const int64_t *)pb.buf;
+    Py_ssize_t count = pb.len / TB, size = PyByteArray_GET_SIZE(state);
+    unsigned char *st = (unsigned char *)PyByteArray_AS_STRING(state);
+    if (ps < 1 || pb.len % TB || count > PY_SSIZE_T_MAX / TB / ps) {
+        PyErr_SetString(PyExc_ValueError, "hold: bad page size or page list");
+        goto done;
+    }
+    uint64_t npages = (uint64_t)(size / ps);
+    for (Py_ssize_t i = 0; i < count; i++)
+        if ((uint64_t)pages[i] >= npages) {               /* a negative page wraps past it */
+            PyErr_Format(PyExc_ValueError, "hold: page %lld outside the pool",
+                         (long long)pages[i]);
+            goto done;
+        }
+    out = PyByteArray_FromStringAndSize(NULL, count * ps * TB);
+    if (out == NULL) goto done;
+    int64_t *slots = (int64_t *)PyByteArray_AS_STRING(out);
+    if (ps == 1) {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            slots[i] = pages[i];
+            st[pages[i]] = HELD;
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            int64_t base = pages[i] * ps;
+            for (Py_ssize_t j = 0; j < ps; j++) slots[i * ps + j] = base + j;
+            memset(st + base, HELD, ps);
+        }
+    }
+done:
+    PyBuffer_Release(&pb);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"encode", encode, METH_O, "list or tuple of int tokens -> bytes of int64"},
     {"find", find, METH_VARARGS, "RadixCache._find: the read-only descent"},
     {"claim", claim, METH_VARARGS, "check new slots and mark their pages CACHED"},
     {"release", release, METH_VARARGS, "check slots a caller frees and mark them FREE"},
+    {"hold", hold, METH_VARARGS, "the slots of pages a pool hands out, marked HELD"},
     {NULL, NULL, 0, NULL},
 };
 

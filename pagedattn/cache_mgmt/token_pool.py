@@ -74,12 +74,13 @@ class TokenPool:
         self.size = size
         self._stack = np.arange(size - 1, -1, -1, dtype=np.int64)  # top = end, slot 0 first
         self._top = size
-        # one byte a slot; the C helpers (_radix_native.c: free here, insert's slot check)
-        # read and write the bytearray
+        # one byte a slot; the C helpers (_radix_native.c: alloc and free here, insert's slot
+        # check) read and write the bytearray
         self._state_buf = bytearray([FREE]) * size
         self._state = np.frombuffer(self._state_buf, dtype=np.uint8)
         nat = native.load()
         self._release = nat.release if nat is not None else None
+        self._hold = nat.hold if nat is not None else None
 
     ##### Public API #####
 
@@ -100,7 +101,12 @@ class TokenPool:
             raise ValueError(f"n: expected a non-negative int, got {n!r}")
         if n > self._top:
             raise OutOfBlocks(f"n={n} slots requested, only {self._top} of {self.size} free")
-        return torch.from_numpy(self._take(n))
+        if self._hold is None or n == 0:
+            return torch.from_numpy(self._take(n))
+        top = self._top - n
+        slots = self._hold(self._state_buf, self._stack[top:self._top][::-1].tobytes(), 1)
+        self._top = top
+        return torch.frombuffer(slots, dtype=torch.int64)
 
     def free(self, slots) -> None:
         """Return `slots` (tensor / array / ints) to the pool; all-or-nothing.
@@ -210,6 +216,9 @@ class PagedTokenPool(TokenPool):
             raise OutOfBlocks(f"n={n} slots requested, only {self.available_size()} of "
                               f"{self.size} free")
         pages = self._pages._take(n // self.page_size)
+        if self._hold is not None and n:
+            return torch.frombuffer(self._hold(self._state_buf, pages.tobytes(), self.page_size),
+                                    dtype=torch.int64)
         out = (pages[:, None] * self.page_size + self._offs).reshape(-1)
         self._state[out] = HELD
         return torch.from_numpy(out)
