@@ -30,8 +30,8 @@ _FP8_CONFIGS = {("nvidia", (128, 16)): (128, 4, 3), ("amd", (128, 64)): (32, 4, 
 # resident. The guarded balanced kernel takes 144-150 otherwise (sm_90, triton 3.6: 3 per SM, a
 # second partial wave); at 128 it stores 8 bytes outside its tile loops
 # (tests/test_triton_decode_compile.py checks both). On the H200 at 32/8 (1, 32768) the guards
-# cost 4.0 % with the cap and 34.6 % without (bench/results/2026-12-05-h200-9602dfa). Triton
-# 3.9 spills inside the loops at 128: no cap there.
+# cost 4.0 % with the cap (bench/results/2026-12-05-h200-9602dfa). Triton 3.9 spills inside
+# the loops at 128: no cap there.
 _BAL_MAXNREG = {("nvidia", (128, 16), "3.6."): 128}
 _TORCH_TO_FAMILY = {True: "amd", False: "nvidia"}
 MAX_ROWS = 256  # G * Lq rows per program
