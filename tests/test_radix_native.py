@@ -141,6 +141,20 @@ def pool_state():
     return st
 
 
+def python_check_passes(state: np.ndarray, slots, ps: int) -> bool:
+    """Does insert's Python slot check (radix_insert._check_new_slots) accept `slots` as new
+    pages of a cache whose pool has the slot states `state`? (ValueError / ForeignId: no.)"""
+    with native.disabled():
+        pool = TokenPool(state.size) if ps == 1 else PagedTokenPool(state.size, ps)
+        cache = RadixCache(pool, page_size=ps)
+    pool._state[:] = state
+    try:
+        _check_new_slots(cache, np.array(slots, np.int64))
+    except (ValueError, ForeignId):
+        return False
+    return True
+
+
 @pytest.mark.parametrize("case", list(CLAIMS))
 def test_claim_codes_and_marks(nat, case):
     """0 marks every page's first slot CACHED; any error leaves the state as it was, and the
@@ -154,21 +168,7 @@ def test_claim_codes_and_marks(nat, case):
         for h in slots[::4]:
             want[h] = CACHED
     assert st == want
-
-    class Pool:           # what _check_new_slots reads
-        size, _state = 32, np.frombuffer(pool_state(), np.uint8)
-
-    class Cache:
-        pool, page_size = Pool, 4
-        _offs = np.arange(4, dtype=np.int64)
-        _tiled = np.tile(_offs, 8)
-        _pmask = np.array(-4 & (1 << 62) - 1, np.int64)
-        _ps0 = np.array(4, np.int64)
-    if code:
-        with pytest.raises((ValueError, ForeignId)):
-            _check_new_slots(Cache, np.array(slots, np.int64))
-    else:
-        _check_new_slots(Cache, np.array(slots, np.int64))
+    assert python_check_passes(np.frombuffer(pool_state(), np.uint8), slots, 4) == (code == 0)
 
 
 def test_claim_random_against_python(nat):
@@ -183,21 +183,7 @@ def test_claim_random_against_python(nat):
                 slots[rng.integers(slots.size)] += 1
             st = bytearray(state.tobytes())
             code = nat.claim(st, slots.astype(np.int64).tobytes(), ps)
-
-            class Pool:
-                size, _state = 16 * ps, state.copy()
-
-            class Cache:
-                pool, page_size = Pool, ps
-                _offs = np.arange(ps, dtype=np.int64)
-                _tiled = np.tile(_offs, 64)
-                _pmask = np.array(-ps & (1 << 62) - 1, np.int64)
-                _ps0 = np.array(ps, np.int64)
-            try:
-                _check_new_slots(Cache, slots.astype(np.int64))
-                ok = True
-            except (ValueError, ForeignId):
-                ok = False
+            ok = python_check_passes(state, slots, ps)
             assert ok == (code == 0), (ps, slots, state, code)
             want = state.copy()
             if ok:
@@ -205,15 +191,19 @@ def test_claim_random_against_python(nat):
             assert bytes(st) == want.tobytes()
 
 
+def pools_on_both_paths(ps: int, pages: int) -> list:
+    """Two fresh pools of `pages` pages: with the C helpers, and on the pure-Python path."""
+    out = []
+    for c_helpers in (True, False):
+        with radix_path(c_helpers):
+            out.append(TokenPool(pages) if ps == 1 else PagedTokenPool(pages * ps, ps))
+    return out
+
+
 def pool_pair(ps: int, rng):
     """Two pools with the same history, one on each path: some pages handed out, some of those
     marked CACHED (what insert does to a page's first slot)."""
-    pools = []
-    for c_helpers in (True, False):
-        with radix_path(c_helpers):
-            pool = TokenPool(16) if ps == 1 else PagedTokenPool(16 * ps, ps)
-        held = pool.alloc(12 * ps).numpy()
-        pools.append((pool, held))
+    pools = [(pool, pool.alloc(12 * ps).numpy()) for pool in pools_on_both_paths(ps, 16)]
     cached = rng.choice(12, 3, replace=False) * ps
     for pool, held in pools:
         pool._state[held[cached]] = CACHED
@@ -253,11 +243,7 @@ def test_release_matches_the_python_free(nat, ps):
 def test_hold_matches_the_python_alloc(nat, ps):
     """pool.alloc with the C helper and without: the same slots (int64, in order), states and
     free counts over a random alloc/free history, empty allocs included."""
-    pools = []
-    for c_helpers in (True, False):
-        with radix_path(c_helpers):
-            pools.append(TokenPool(64) if ps == 1 else PagedTokenPool(64 * ps, ps))
-    a, b = pools
+    a, b = pools_on_both_paths(ps, 64)
     rng = np.random.default_rng(5)
     held = []
     for _ in range(300):
