@@ -103,9 +103,7 @@ class TokenPool:
             raise OutOfBlocks(f"n={n} slots requested, only {self._top} of {self.size} free")
         if self._hold is None or n == 0:
             return torch.from_numpy(self._take(n))
-        top = self._top - n
-        slots = self._hold(self._state_buf, self._stack[top:self._top][::-1].tobytes(), 1)
-        self._top = top
+        slots = self._hold(self._state_buf, self._pop(n).tobytes(), 1)
         return torch.frombuffer(slots, dtype=torch.int64)
 
     def free(self, slots) -> None:
@@ -141,11 +139,16 @@ class TokenPool:
 
     ##### Internal #####
 
+    def _pop(self, n: int) -> np.ndarray:
+        """Take `n` <= available entries off the free stack (checked by the caller), next to
+        hand out first. A view of the stack: copy it before the next push."""
+        top = self._top - n
+        self._top = top
+        return self._stack[top:top + n][::-1]
+
     def _take(self, n: int) -> np.ndarray:
         """Hand out `n` <= available slots (checked by the caller), marked HELD."""
-        top = self._top - n
-        out = self._stack[top:self._top][::-1].copy()
-        self._top = top
+        out = self._pop(n).copy()
         self._state[out] = HELD
         return out
 
