@@ -80,13 +80,12 @@ def insert_tokens(c, tokens, indices, extra_key, start):
     claim = c._claim
     if end < n:
         new = idx[end >> 3:n >> 3]
+        vb = new.tobytes()                     # the leaf's value
         if claim is None:
             heads = _check_new_slots(c, new)
-        else:
-            vb = new.tobytes()
-            if claim(c.pool._state_buf, vb, c.page_size):    # marks the pages CACHED on 0
-                _check_new_slots(c, new)                     # names the error
-                raise CacheError("insert: the C and Python slot checks disagree")
+        elif claim(c.pool._state_buf, vb, c.page_size):      # marks the pages CACHED on 0
+            _check_new_slots(c, new)                         # names the error
+            raise CacheError("insert: the C and Python slot checks disagree")
     # Checks done: from here on nothing raises.
     if root is None:
         node = top = root = c._root(extra_key)
@@ -111,12 +110,9 @@ def insert_tokens(c, tokens, indices, extra_key, start):
     if new is None:
         return n >> 3, node, vals
     leaf = next(_NIDS)
-    c._key[leaf], c._par[leaf] = key[end:n], node
+    c._key[leaf], valt[leaf], c._par[leaf] = key[end:n], vb, node
     if claim is None:
-        valt[leaf] = new.tobytes()
         c.pool._state[heads] = CACHED
-    else:
-        valt[leaf] = vb
     c._lock[leaf], time[leaf] = 0, clock
     kids, first = c._kids.get(node), key[end:end + pb]
     c._first[leaf] = first
