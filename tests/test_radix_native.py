@@ -191,33 +191,38 @@ def test_claim_random_against_python(nat):
             assert bytes(st) == want.tobytes()
 
 
-def pools_on_both_paths(ps: int, pages: int) -> list:
-    """Two fresh pools of `pages` pages: with the C helpers, and on the pure-Python path."""
+def pools_on_both_paths(ps: int, pages: int, paged: bool) -> list:
+    """Two fresh pools of `pages` pages: with the C helpers, and on the pure-Python path
+    (`paged`: PagedTokenPool, which keeps page states apart from slot states even at page 1)."""
     out = []
     for c_helpers in (True, False):
         with radix_path(c_helpers):
-            out.append(TokenPool(pages) if ps == 1 else PagedTokenPool(pages * ps, ps))
+            out.append(PagedTokenPool(pages * ps, ps) if paged else TokenPool(pages))
     return out
 
 
-def pool_pair(ps: int, rng):
+# (page size, PagedTokenPool?): the token pool, and paged pools at pages of 1, 2 and 4
+POOLS = [(1, False), (1, True), (2, True), (4, True)]
+
+
+def pool_pair(ps: int, paged: bool, rng):
     """Two pools with the same history, one on each path: some pages handed out, some of those
     marked CACHED (what insert does to a page's first slot)."""
-    pools = [(pool, pool.alloc(12 * ps).numpy()) for pool in pools_on_both_paths(ps, 16)]
+    pools = [(pool, pool.alloc(12 * ps).numpy()) for pool in pools_on_both_paths(ps, 16, paged)]
     cached = rng.choice(12, 3, replace=False) * ps
     for pool, held in pools:
         pool._state[held[cached]] = CACHED
     return pools
 
 
-@pytest.mark.parametrize("ps", [1, 2, 4])
-def test_release_matches_the_python_free(nat, ps):
+@pytest.mark.parametrize("ps, paged", POOLS)
+def test_release_matches_the_python_free(nat, ps, paged):
     """pool.free with the C check and without: the same error type, or the same free stack and
     states, for whole pages in and out of order, partial pages, duplicates, free, cached and
     out-of-range slots."""
     rng = np.random.default_rng(4)
     for _ in range(200):
-        (a, held), (b, _) = pool_pair(ps, rng)
+        (a, held), (b, _) = pool_pair(ps, paged, rng)
         pages = rng.choice(np.concatenate([held[::ps] // ps, [12, 13, 16, -1]]),
                            rng.integers(1, 5))
         slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
@@ -239,11 +244,11 @@ def test_release_matches_the_python_free(nat, ps):
         a.check_integrity()
 
 
-@pytest.mark.parametrize("ps", [1, 4])
-def test_hold_matches_the_python_alloc(nat, ps):
+@pytest.mark.parametrize("ps, paged", POOLS)
+def test_hold_matches_the_python_alloc(nat, ps, paged):
     """pool.alloc with the C helper and without: the same slots (int64, in order), states and
     free counts over a random alloc/free history, empty allocs included."""
-    a, b = pools_on_both_paths(ps, 64)
+    a, b = pools_on_both_paths(ps, 64, paged)
     rng = np.random.default_rng(5)
     held = []
     for _ in range(300):
@@ -261,14 +266,36 @@ def test_hold_matches_the_python_alloc(nat, ps):
 
 
 def test_hold_refuses_pages_outside_the_pool(nat):
-    st = bytearray([FREE]) * 16
-    for pages in ([4], [-1], [0, 4]):
-        with pytest.raises(ValueError, match="outside the pool"):
-            nat.hold(st, np.array(pages, np.int64).tobytes(), 4)
-    assert st == bytearray([FREE]) * 16
-    assert np.frombuffer(nat.hold(st, np.array([3, 0], np.int64).tobytes(), 4), np.int64) \
-        .tolist() == [12, 13, 14, 15, 0, 1, 2, 3] and st == bytearray([HELD] * 4 + [FREE] * 8 +
-                                                                      [HELD] * 4)
+    """Pages popped off a stack that lists one outside the pool, or more pages than the stack
+    holds: ValueError and nothing changed; else the top pages' slots, last pushed first."""
+    st, pst = bytearray([FREE]) * 16, bytearray([FREE]) * 4
+    for stack, k in (([4], 1), ([-1], 1), ([0, 4], 2), ([0, 1], 3), ([0, 1], -1)):
+        stack = np.array(stack + [0] * (4 - len(stack)), np.int64)
+        with pytest.raises(ValueError, match="outside the pool|pages asked"):
+            nat.hold(st, 4, stack, min(k, 2) if k > 0 else 2, k, pst)
+    assert st == bytearray([FREE]) * 16 and pst == bytearray([FREE]) * 4
+    stack = np.array([1, 0, 3, 2], np.int64)
+    assert np.frombuffer(nat.hold(st, 4, stack, 3, 2, pst), np.int64).tolist() == \
+        [12, 13, 14, 15, 0, 1, 2, 3]
+    assert st == bytearray([HELD] * 4 + [FREE] * 8 + [HELD] * 4)
+    assert pst == bytearray([HELD, FREE, FREE, HELD])
+
+
+def test_pool_helpers_refuse_a_stack_that_does_not_fit(nat):
+    """A free stack or page-state table of the wrong size, or a top outside it, is refused
+    before anything is read or written: the helpers trust no length they are given."""
+    st, slots = bytearray([HELD]) * 16, np.arange(4, dtype=np.int64).tobytes()
+    good = np.zeros(4, np.int64)
+    for stack, top, pst in ((np.zeros(3, np.int64), 0, bytearray(4)),   # 3 entries, 4 pages
+                            (good, 5, bytearray(4)), (good, -1, bytearray(4)),
+                            (good, 0, bytearray(3)), (good, 0, None)):  # paged: needs pstate
+        with pytest.raises(ValueError, match="inconsistent"):
+            nat.release(st, slots, 4, stack, top, pst)
+        with pytest.raises(ValueError, match="inconsistent"):
+            nat.hold(st, 4, stack, top, 0, pst)
+    assert st == bytearray([HELD]) * 16 and not good.any()
+    full = np.arange(4, dtype=np.int64)       # every page already on the stack
+    assert nat.release(st, slots, 4, full, 4, bytearray(4)) != 0 and st == bytearray([HELD]) * 16
 
 
 def test_build_and_fallback(tmp_path, monkeypatch):

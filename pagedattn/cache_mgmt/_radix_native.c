@@ -8,8 +8,8 @@
  *   encode(seq)                               radix_node.encode_tokens for a list or tuple
  *   find(kids, keys, pb, ps, node, key, pos, n) RadixCache._find (+ _common)
  *   claim(state, new, ps)                     radix_insert._check_new_slots + the CACHED mark
- *   release(state, slots, ps)                 TokenPool.free's checks + the FREE mark
- *   hold(state, pages, ps)                    TokenPool.alloc's slots + the HELD mark
+ *   release(state, slots, ps, stack, top, pstate)  TokenPool.free: checks, FREE, the push
+ *   hold(state, ps, stack, top, k, pstate)    TokenPool.alloc: the pop, slots, HELD
  *
  * Keys and values are bytes of native int64 (8 bytes a token or slot). Nothing here keeps a
  * reference past a call or holds the GIL's protection open across Python code, except where
@@ -222,65 +222,112 @@ static Py_ssize_t take_pages(unsigned char *st, Py_ssize_t size, const int64_t *
     return code;
 }
 
-static PyObject *take_pages_py(PyObject *args, unsigned char to, int all_slots) {
+/* A pool's free stack (token_pool.py): int64 entries `stack`, `top` of them in use; with
+ * `pstate` (a paged pool: its pages' states, one byte a page) the pages' own marks. Checks that
+ * the stack and the page states fit a pool of `size` slots in pages of `ps`; 0 or -1 with
+ * ValueError. */
+static int check_stack(const Py_buffer *stack, Py_ssize_t top, PyObject *pstate, Py_ssize_t size,
+                       Py_ssize_t ps) {
+    Py_ssize_t len = stack->len / TB;
+    if (ps < 1 || stack->len % TB || top < 0 || top > len || size % ps || len != size / ps ||
+        (pstate != Py_None && (!PyByteArray_CheckExact(pstate) ||
+                               PyByteArray_GET_SIZE(pstate) != size / ps)) ||
+        (pstate == Py_None && ps != 1)) {
+        PyErr_SetString(PyExc_ValueError, "pool: inconsistent free stack or page states");
+        return -1;
+    }
+    return 0;
+}
+
+/* claim(state: bytearray, new: bytes, ps) -> code: insert's new pages, HELD -> CACHED
+ * (radix_insert._check_new_slots + the CACHED mark). */
+static PyObject *claim(PyObject *self, PyObject *args) {
     PyObject *state;
     Py_buffer nb;
     Py_ssize_t ps;
     if (!PyArg_ParseTuple(args, "O!y*n", &PyByteArray_Type, &state, &nb, &ps)) return NULL;
     Py_ssize_t code = nb.len % TB ? 1 : take_pages(
         (unsigned char *)PyByteArray_AS_STRING(state), PyByteArray_GET_SIZE(state),
-        (const int64_t *)nb.buf, nb.len / TB, ps, to, all_slots);
+        (const int64_t *)nb.buf, nb.len / TB, ps, CACHED, 0);
     PyBuffer_Release(&nb);
     return PyLong_FromSsize_t(code);
 }
 
-/* claim(state: bytearray, new: bytes, ps) -> code: insert's new pages, HELD -> CACHED
- * (radix_insert._check_new_slots + the CACHED mark). */
-static PyObject *claim(PyObject *self, PyObject *args) { return take_pages_py(args, CACHED, 0); }
+/* release(state: bytearray, slots: bytes, ps, stack, top, pstate) -> code: a pool's free.
+ * TokenPool.free's checks and HELD -> FREE for every slot (take_pages' codes); on 0 the pages
+ * (each page's first slot // ps, in the order given) are pushed at stack[top:] and marked FREE
+ * in `pstate`: the caller adds len(slots) // ps to its top. Anything else changes nothing. */
+static PyObject *release(PyObject *self, PyObject *args) {
+    PyObject *state, *pstate, *out = NULL;
+    Py_buffer nb, sb;
+    Py_ssize_t ps, top;
+    if (!PyArg_ParseTuple(args, "O!y*nw*nO", &PyByteArray_Type, &state, &nb, &ps, &sb, &top,
+                          &pstate))
+        return NULL;
+    Py_ssize_t size = PyByteArray_GET_SIZE(state), count = nb.len / TB;
+    const int64_t *s = (const int64_t *)nb.buf;
+    if (check_stack(&sb, top, pstate, size, ps)) goto done;
+    Py_ssize_t code = nb.len % TB || count % ps || count / ps > sb.len / TB - top ? 1 :
+        take_pages((unsigned char *)PyByteArray_AS_STRING(state), size, s, count, ps, FREE, 1);
+    if (code == 0) {
+        int64_t *stack = (int64_t *)sb.buf + top;
+        Py_ssize_t k = count / ps;
+        if (ps == 1)                                /* a slot is its page: no division */
+            memmove(stack, s, count * TB);
+        else
+            for (Py_ssize_t i = 0; i < k; i++) stack[i] = s[i * ps] / ps;  /* page starts */
+        if (pstate != Py_None) {
+            unsigned char *pst = (unsigned char *)PyByteArray_AS_STRING(pstate);
+            for (Py_ssize_t i = 0; i < k; i++) pst[stack[i]] = FREE;
+        }
+    }
+    out = PyLong_FromSsize_t(code);
+done:
+    PyBuffer_Release(&nb);
+    PyBuffer_Release(&sb);
+    return out;
+}
 
-/* release(state: bytearray, slots: bytes, ps) -> code: a pool's free, HELD -> FREE for every
- * slot (TokenPool.free's checks; the caller puts the slots or pages back on its free stack). */
-static PyObject *release(PyObject *self, PyObject *args) { return take_pages_py(args, FREE, 1); }
-
-/* hold(state: bytearray, pages: bytes, ps) -> bytearray: a pool's alloc. The slots of the
- * given pages (int64, in page order, each page's ps slots in order), all marked HELD. The pages
- * come off the pool's free stack; one out of range raises ValueError, changing nothing. */
+/* hold(state: bytearray, ps, stack, top, k, pstate) -> bytearray: a pool's alloc. The slots of
+ * the `k` pages on top of the free stack (stack[top-1], stack[top-2], ..., the order
+ * TokenPool._pop hands them out; each page's ps slots in order), all marked HELD, and the
+ * pages marked HELD in `pstate`: the caller takes k off its top. A page outside the pool or k
+ * outside [0, top] raises ValueError, changing nothing. */
 static PyObject *hold(PyObject *self, PyObject *args) {
-    PyObject *state, *out = NULL;
-    Py_buffer pb;
-    Py_ssize_t ps;
-    if (!PyArg_ParseTuple(args, "O!y*n", &PyByteArray_Type, &state, &pb, &ps)) return NULL;
-    const int64_t *pages = (const int64_t *)pb.buf;
-    Py_ssize_t count = pb.len / TB, size = PyByteArray_GET_SIZE(state);
+    PyObject *state, *pstate, *out = NULL;
+    Py_buffer sb;
+    Py_ssize_t ps, top, k;
+    if (!PyArg_ParseTuple(args, "O!ny*nnO", &PyByteArray_Type, &state, &ps, &sb, &top, &k,
+                          &pstate))
+        return NULL;
+    Py_ssize_t size = PyByteArray_GET_SIZE(state);
     unsigned char *st = (unsigned char *)PyByteArray_AS_STRING(state);
-    if (ps < 1 || pb.len % TB || count > PY_SSIZE_T_MAX / TB / ps) {
-        PyErr_SetString(PyExc_ValueError, "hold: bad page size or page list");
+    if (check_stack(&sb, top, pstate, size, ps)) goto done;
+    if (k < 0 || k > top) {
+        PyErr_Format(PyExc_ValueError, "hold: %zd pages asked, %zd on the free stack", k, top);
         goto done;
     }
+    const int64_t *pages = (const int64_t *)sb.buf + top - k;   /* taken from the end */
     uint64_t npages = (uint64_t)(size / ps);
-    for (Py_ssize_t i = 0; i < count; i++)
+    for (Py_ssize_t i = 0; i < k; i++)
         if ((uint64_t)pages[i] >= npages) {               /* a negative page wraps past it */
             PyErr_Format(PyExc_ValueError, "hold: page %lld outside the pool",
                          (long long)pages[i]);
             goto done;
         }
-    out = PyByteArray_FromStringAndSize(NULL, count * ps * TB);
+    out = PyByteArray_FromStringAndSize(NULL, k * ps * TB);
     if (out == NULL) goto done;
     int64_t *slots = (int64_t *)PyByteArray_AS_STRING(out);
-    if (ps == 1) {
-        for (Py_ssize_t i = 0; i < count; i++) {
-            slots[i] = pages[i];
-            st[pages[i]] = HELD;
-        }
-    } else {
-        for (Py_ssize_t i = 0; i < count; i++) {
-            int64_t base = pages[i] * ps;
-            for (Py_ssize_t j = 0; j < ps; j++) slots[i * ps + j] = base + j;
-            memset(st + base, HELD, ps);
-        }
+    unsigned char *pst = pstate == Py_None ? NULL : (unsigned char *)PyByteArray_AS_STRING(pstate);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int64_t page = pages[k - 1 - i], base = page * ps;
+        for (Py_ssize_t j = 0; j < ps; j++) slots[i * ps + j] = base + j;
+        if (ps == 1) st[base] = HELD;
+        else memset(st + base, HELD, ps);
+        if (pst) pst[page] = HELD;
     }
 done:
-    PyBuffer_Release(&pb);
+    PyBuffer_Release(&sb);
     return out;
 }
 

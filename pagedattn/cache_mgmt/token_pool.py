@@ -103,7 +103,8 @@ class TokenPool:
             raise OutOfBlocks(f"n={n} slots requested, only {self._top} of {self.size} free")
         if self._hold is None or n == 0:
             return torch.from_numpy(self._take(n))
-        slots = self._hold(self._state_buf, self._pop(n).tobytes(), 1)
+        slots = self._hold(self._state_buf, 1, self._stack, self._top, n, None)
+        self._top -= n
         return torch.frombuffer(slots, dtype=torch.int64)
 
     def free(self, slots) -> None:
@@ -115,8 +116,9 @@ class TokenPool:
         arr = as_slot_array(slots)
         if arr.size == 0:
             return
-        if self._release is not None and not self._release(self._state_buf, arr.tobytes(), 1):
-            self._push(arr, marked=True)
+        if self._release is not None and not self._release(
+                self._state_buf, arr.tobytes(), 1, self._stack, self._top, None):
+            self._top += arr.size                 # checked, marked FREE and pushed
             return
         self._check_owned(arr)
         self._push(arr)
@@ -139,26 +141,21 @@ class TokenPool:
 
     ##### Internal #####
 
-    def _pop(self, n: int) -> np.ndarray:
-        """Take `n` <= available entries off the free stack (checked by the caller), next to
-        hand out first. A view of the stack: copy it before the next push."""
+    def _take(self, n: int) -> np.ndarray:
+        """Hand out `n` <= available slots (checked by the caller), marked HELD: the top `n`
+        entries of the free stack, last pushed first (the C helper `hold` takes the same)."""
         top = self._top - n
         self._top = top
-        return self._stack[top:top + n][::-1]
-
-    def _take(self, n: int) -> np.ndarray:
-        """Hand out `n` <= available slots (checked by the caller), marked HELD."""
-        out = self._pop(n).copy()
+        out = self._stack[top:top + n][::-1].copy()
         self._state[out] = HELD
         return out
 
-    def _push(self, arr: np.ndarray, marked: bool = False) -> None:
-        """Put checked, owned, distinct slots back on the free stack (`marked`: the C check
-        has already set them FREE)."""
+    def _push(self, arr: np.ndarray) -> None:
+        """Put checked, owned, distinct slots back on the free stack, marked FREE (the C helper
+        `release` pushes and marks the same)."""
         self._stack[self._top:self._top + arr.size] = arr
         self._top += arr.size
-        if not marked:
-            self._state[arr] = FREE
+        self._state[arr] = FREE
 
     def _check_owned(self, arr: np.ndarray, distinct: bool = True) -> None:
         """ForeignId / DoubleFree unless every slot is in range, held by the caller and (if
@@ -218,10 +215,13 @@ class PagedTokenPool(TokenPool):
         if n > self.available_size():
             raise OutOfBlocks(f"n={n} slots requested, only {self.available_size()} of "
                               f"{self.size} free")
-        pages = self._pages._take(n // self.page_size)
+        pg, k = self._pages, n // self.page_size
         if self._hold is not None and n:
-            return torch.frombuffer(self._hold(self._state_buf, pages.tobytes(), self.page_size),
-                                    dtype=torch.int64)
+            slots = self._hold(self._state_buf, self.page_size, pg._stack, pg._top, k,
+                               pg._state_buf)
+            pg._top -= k
+            return torch.frombuffer(slots, dtype=torch.int64)
+        pages = pg._take(k)
         out = (pages[:, None] * self.page_size + self._offs).reshape(-1)
         self._state[out] = HELD
         return torch.from_numpy(out)
@@ -230,9 +230,10 @@ class PagedTokenPool(TokenPool):
         arr = as_slot_array(slots)
         if arr.size == 0:
             return
-        ps = self.page_size
-        if self._release is not None and not self._release(self._state_buf, arr.tobytes(), ps):
-            self._pages._push(arr[::ps] // ps)      # whole pages in order, checked, FREE
+        ps, pg = self.page_size, self._pages
+        if self._release is not None and not self._release(
+                self._state_buf, arr.tobytes(), ps, pg._stack, pg._top, pg._state_buf):
+            pg._top += arr.size // ps               # checked, marked FREE and pushed
             return
         self._check_owned(arr, distinct=False)
         pages = self._whole_pages(arr) if arr.size % self.page_size == 0 else None
