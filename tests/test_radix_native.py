@@ -245,6 +245,41 @@ def test_release_matches_the_python_free(nat, ps, paged):
 
 
 @pytest.mark.parametrize("ps, paged", POOLS)
+def test_release_cached_matches_the_python_one(nat, ps, paged):
+    """Evict's free with the C helper and without: every page given CACHED -> the same free
+    stack and states; a page that is not -> CacheError on both, nothing changed."""
+    rng, outcomes = np.random.default_rng(6), set()
+    for _ in range(200):
+        (a, held), (b, _) = pool_pair(ps, paged, rng)
+        heads = held[::ps]
+        cached, plain = heads[a._state[heads] == CACHED] // ps, heads[a._state[heads] == 0] // ps
+        pages = rng.permutation(cached)[:rng.integers(1, cached.size + 1)]
+        if rng.random() < 0.3:                  # a held or a free page among them
+            pages[rng.integers(pages.size)] = rng.choice([plain[0], 14])
+        slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1).astype(np.int64)
+        pg = a._pages if paged else a              # the helper alone, on copies: no fallback
+        code = nat.release_cached(bytearray(a._state_buf), slots, ps, pg._stack.copy(), pg._top,
+                                  bytearray(pg._state_buf) if paged else None)
+        errs = []
+        for pool in (a, b):
+            before = (pool._state.copy(), pool.free_slots())
+            try:
+                pool._release_cached(np.frombuffer(slots.tobytes(), np.int64))
+                errs.append(None)
+            except CacheError as e:
+                errs.append(type(e))
+                assert np.array_equal(pool._state, before[0])
+                assert np.array_equal(pool.free_slots(), before[1])
+        assert errs[0] == errs[1], (ps, slots, errs)
+        assert np.array_equal(a._state, b._state) and np.array_equal(a.free_slots(),
+                                                                     b.free_slots())
+        assert a.available_size() == b.available_size()
+        assert (code == 0) == (errs[0] is None), (ps, slots, code)
+        outcomes.add(errs[0])
+    assert outcomes == {None, CacheError}
+
+
+@pytest.mark.parametrize("ps, paged", POOLS)
 def test_hold_matches_the_python_alloc(nat, ps, paged):
     """pool.alloc with the C helper and without: the same slots (int64, in order), states and
     free counts over a random alloc/free history, empty allocs included."""

@@ -5,11 +5,12 @@
  * launcher stubs; without a compiler the cache and the pools run the pure-Python path, which
  * gives the same results. Each function replaces one Python helper and keeps its contract:
  *
- *   encode(seq)                               radix_node.encode_tokens for a list or tuple
- *   find(kids, keys, pb, ps, node, key, pos, n) RadixCache._find (+ _common)
- *   claim(state, new, ps)                     radix_insert._check_new_slots + the CACHED mark
- *   release(state, slots, ps, stack, top, pstate)  TokenPool.free: checks, FREE, the push
- *   hold(state, ps, stack, top, k, pstate)    TokenPool.alloc: the pop, slots, HELD
+ *   encode(seq)                           radix_node.encode_tokens for a list or tuple
+ *   find(kids, keys, pb, ps, node, key, pos, n)   RadixCache._find (+ _common)
+ *   claim(state, new, ps)                 radix_insert._check_new_slots + the CACHED mark
+ *   release(state, slots, ps, stack, top, pstate)   TokenPool.free: checks, FREE, the push
+ *   release_cached(same arguments)        TokenPool._release_cached (evict's free)
+ *   hold(state, ps, stack, top, k, pstate)   TokenPool.alloc: the pop, slots, HELD
  *
  * Keys and values are bytes of native int64 (8 bytes a token or slot). Nothing here keeps a
  * reference past a call or holds the GIL's protection open across Python code, except where
@@ -188,17 +189,21 @@ fail:
 
 enum { HELD = 0, FREE = 1, CACHED = 2, MARK = 3 }; /* token_pool.py's states + a mark */
 
-/* Move whole pages of slots out of HELD in the pool's per-slot `state`: 0, or an error code
- * with nothing changed: 1 the slots are not whole pages, each in order, 2 a slot out of range,
- * 3 a page listed twice, 4 a slot not HELD (free or cached). The Python checks then name the
+/* Move whole pages of slots from state `from` to `to` in the pool's per-slot `state`: 0, or an
+ * error code with nothing changed: 1 the slots are not whole pages, each in order, 2 a slot out
+ * of range, 3 a page listed twice, 4 a slot not in `from`. The Python checks then name the
  * error: the code only says that there is one (and a paged pool's free also takes pages whose
  * slots come out of order, which it sorts).
- * `all_slots` 0 (claim): the page's first slot stands for the page (token_pool.py): it is
- * checked and set to `to`. 1 (release): every slot is checked and set. A page under check has
- * its first slot marked, so a second occurrence is seen at once; on an error the marks are
- * undone. */
+ * A page's first slot stands for the page (token_pool.py): `check_all` 0 checks only it,
+ * `set_all` 0 sets only it. A page under check has its first slot marked, so a second
+ * occurrence is seen at once; on an error the marks are undone.
+ *   claim           HELD -> CACHED, first slot checked and set
+ *   release         HELD -> FREE, every slot checked and set
+ *   release_cached  CACHED -> FREE, first slot checked (the rest stay HELD under a cached
+ *                   page), every slot set */
 static Py_ssize_t take_pages(unsigned char *st, Py_ssize_t size, const int64_t *s,
-                             Py_ssize_t count, Py_ssize_t ps, unsigned char to, int all_slots) {
+                             Py_ssize_t count, Py_ssize_t ps, unsigned char from,
+                             unsigned char to, int check_all, int set_all) {
     Py_ssize_t r, code = 0;
     if (ps < 1 || count % ps || size < ps) return 1;
     for (r = 0; r < count; r += ps) {
@@ -209,14 +214,15 @@ static Py_ssize_t take_pages(unsigned char *st, Py_ssize_t size, const int64_t *
             if (s[r + j] != h + j) { code = 1; break; }
         if (code) break;
         if (st[h] == MARK) { code = 3; break; }
-        for (Py_ssize_t j = 0; j < (all_slots ? ps : 1); j++)
-            if (st[h + j] != HELD) { code = 4; break; }
+        if (st[h] != from) { code = 4; break; }
+        for (Py_ssize_t j = 1; j < (check_all ? ps : 1); j++)
+            if (st[h + j] != from) { code = 4; break; }
         if (code) break;
         st[h] = MARK;
     }
     for (Py_ssize_t q = 0; q < r; q += ps) {
-        if (code) st[s[q]] = HELD;
-        else if (all_slots && ps > 1) memset(st + s[q], to, ps);
+        if (code) st[s[q]] = from;
+        else if (set_all && ps > 1) memset(st + s[q], to, ps);
         else st[s[q]] = to;
     }
     return code;
@@ -248,16 +254,16 @@ static PyObject *claim(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!y*n", &PyByteArray_Type, &state, &nb, &ps)) return NULL;
     Py_ssize_t code = nb.len % TB ? 1 : take_pages(
         (unsigned char *)PyByteArray_AS_STRING(state), PyByteArray_GET_SIZE(state),
-        (const int64_t *)nb.buf, nb.len / TB, ps, CACHED, 0);
+        (const int64_t *)nb.buf, nb.len / TB, ps, HELD, CACHED, 0, 0);
     PyBuffer_Release(&nb);
     return PyLong_FromSsize_t(code);
 }
 
-/* release(state: bytearray, slots: bytes, ps, stack, top, pstate) -> code: a pool's free.
- * TokenPool.free's checks and HELD -> FREE for every slot (take_pages' codes); on 0 the pages
- * (each page's first slot // ps, in the order given) are pushed at stack[top:] and marked FREE
- * in `pstate`: the caller adds len(slots) // ps to its top. Anything else changes nothing. */
-static PyObject *release(PyObject *self, PyObject *args) {
+/* (state: bytearray, slots: int64 buffer, ps, stack, top, pstate) -> code: whole pages from
+ * `from` to FREE (take_pages' codes); on 0 the pages (each page's first slot // ps, in the order
+ * given) are pushed at stack[top:] and marked FREE in `pstate`: the caller adds
+ * len(slots) // ps to its top. Anything else changes nothing. */
+static PyObject *free_pages(PyObject *args, unsigned char from, int check_all) {
     PyObject *state, *pstate, *out = NULL;
     Py_buffer nb, sb;
     Py_ssize_t ps, top;
@@ -268,7 +274,8 @@ static PyObject *release(PyObject *self, PyObject *args) {
     const int64_t *s = (const int64_t *)nb.buf;
     if (check_stack(&sb, top, pstate, size, ps)) goto done;
     Py_ssize_t code = nb.len % TB || count % ps || count / ps > sb.len / TB - top ? 1 :
-        take_pages((unsigned char *)PyByteArray_AS_STRING(state), size, s, count, ps, FREE, 1);
+        take_pages((unsigned char *)PyByteArray_AS_STRING(state), size, s, count, ps, from, FREE,
+                   check_all, 1);
     if (code == 0) {
         int64_t *stack = (int64_t *)sb.buf + top;
         Py_ssize_t k = count / ps;
@@ -286,6 +293,15 @@ done:
     PyBuffer_Release(&nb);
     PyBuffer_Release(&sb);
     return out;
+}
+
+/* release(...) -> code: a pool's free (TokenPool.free's checks), every slot HELD -> FREE. */
+static PyObject *release(PyObject *self, PyObject *args) { return free_pages(args, HELD, 1); }
+
+/* release_cached(...) -> code: the slots of evicted nodes (TokenPool._release_cached): each
+ * page's first slot CACHED, then every slot FREE. */
+static PyObject *release_cached(PyObject *self, PyObject *args) {
+    return free_pages(args, CACHED, 0);
 }
 
 /* hold(state: bytearray, ps, stack, top, k, pstate) -> bytearray: a pool's alloc. The slots of
@@ -336,6 +352,7 @@ static PyMethodDef methods[] = {
     {"find", find, METH_VARARGS, "RadixCache._find: the read-only descent"},
     {"claim", claim, METH_VARARGS, "check new slots and mark their pages CACHED"},
     {"release", release, METH_VARARGS, "check slots a caller frees and mark them FREE"},
+    {"release_cached", release_cached, METH_VARARGS, "free the slots of evicted nodes"},
     {"hold", hold, METH_VARARGS, "the slots of pages a pool hands out, marked HELD"},
     {NULL, NULL, 0, NULL},
 };

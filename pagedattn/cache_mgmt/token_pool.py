@@ -80,6 +80,7 @@ class TokenPool:
         self._state = np.frombuffer(self._state_buf, dtype=np.uint8)
         nat = native.load()
         self._release = nat.release if nat is not None else None
+        self._release_c = nat.release_cached if nat is not None else None
         self._hold = nat.hold if nat is not None else None
 
     ##### Public API #####
@@ -176,8 +177,12 @@ class TokenPool:
 
     def _release_cached(self, slots: np.ndarray) -> None:
         """Slots the cache evicts (the values of its victims: distinct whole pages, as insert
-        checked) become free. Raises CacheError, freeing nothing, if their first slots are not
-        all CACHED."""
+        checked; a contiguous int64 array) become free. Raises CacheError, freeing nothing, if
+        their first slots are not all CACHED."""
+        if self._release_c is not None and not self._release_c(
+                self._state_buf, slots, 1, self._stack, self._top, None):
+            self._top += slots.size               # checked, marked FREE and pushed
+            return
         if np.count_nonzero(self._state.take(slots) != CACHED):
             raise CacheError("evict: the pool does not list the victims' slots as cached")
         self._push(slots)
@@ -245,7 +250,12 @@ class PagedTokenPool(TokenPool):
         self._state[arr] = FREE
 
     def _release_cached(self, slots: np.ndarray) -> None:
-        heads = slots[::self.page_size]
+        ps, pg = self.page_size, self._pages
+        if self._release_c is not None and not self._release_c(
+                self._state_buf, slots, ps, pg._stack, pg._top, pg._state_buf):
+            pg._top += slots.size // ps             # checked, marked FREE and pushed
+            return
+        heads = slots[::ps]
         if np.count_nonzero(self._state.take(heads) != CACHED):
             raise CacheError("evict: the pool does not list the victims' pages as cached")
         self._pages._push(heads // self.page_size)
