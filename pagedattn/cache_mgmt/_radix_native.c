@@ -306,7 +306,7 @@ static PyObject *release_cached(PyObject *self, PyObject *args) {
 
 /* hold(state: bytearray, ps, stack, top, k, pstate) -> bytearray: a pool's alloc. The slots of
  * the `k` pages on top of the free stack (stack[top-1], stack[top-2], ..., the order
- * TokenPool._pop hands them out; each page's ps slots in order), all marked HELD, and the
+ * TokenPool._take hands them out; each page's ps slots in order), all marked HELD, and the
  * pages marked HELD in `pstate`: the caller takes k off its top. A page outside the pool or k
  * outside [0, top] raises ValueError, changing nothing. */
 static PyObject *hold(PyObject *self, PyObject *args) {

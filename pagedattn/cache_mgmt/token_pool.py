@@ -71,17 +71,22 @@ class TokenPool:
     def __init__(self, size: int):
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ValueError(f"size: expected a non-negative int, got {size!r}")
-        self.size = size
+        self._init_slots(size)
         self._stack = np.arange(size - 1, -1, -1, dtype=np.int64)  # top = end, slot 0 first
         self._top = size
+        self._fs, self._pstate = None, None     # the free stack is this pool's own (_free_stack)
+
+    def _init_slots(self, size: int) -> None:
+        """The per-slot state and the C helpers, shared by both pool kinds."""
+        self.size = size
         # one byte a slot; the C helpers (_radix_native.c: alloc and free here, insert's slot
         # check) read and write the bytearray
         self._state_buf = bytearray([FREE]) * size
         self._state = np.frombuffer(self._state_buf, dtype=np.uint8)
         nat = native.load()
-        self._release = nat.release if nat is not None else None
-        self._release_c = nat.release_cached if nat is not None else None
-        self._hold = nat.hold if nat is not None else None
+        self._nat_release = nat.release if nat is not None else None
+        self._nat_release_cached = nat.release_cached if nat is not None else None
+        self._nat_hold = nat.hold if nat is not None else None
 
     ##### Public API #####
 
@@ -102,11 +107,9 @@ class TokenPool:
             raise ValueError(f"n: expected a non-negative int, got {n!r}")
         if n > self._top:
             raise OutOfBlocks(f"n={n} slots requested, only {self._top} of {self.size} free")
-        if self._hold is None or n == 0:
+        if self._nat_hold is None or n == 0:
             return torch.from_numpy(self._take(n))
-        slots = self._hold(self._state_buf, 1, self._stack, self._top, n, None)
-        self._top -= n
-        return torch.frombuffer(slots, dtype=torch.int64)
+        return self._hold_pages(n)
 
     def free(self, slots) -> None:
         """Return `slots` (tensor / array / ints) to the pool; all-or-nothing.
@@ -117,9 +120,7 @@ class TokenPool:
         arr = as_slot_array(slots)
         if arr.size == 0:
             return
-        if self._release is not None and not self._release(
-                self._state_buf, arr.tobytes(), 1, self._stack, self._top, None):
-            self._top += arr.size                 # checked, marked FREE and pushed
+        if self._free_pages(self._nat_release, arr.tobytes(), arr.size):
             return
         self._check_owned(arr)
         self._push(arr)
@@ -141,6 +142,32 @@ class TokenPool:
             raise DoubleFree("the FREE states and the free stack disagree")
 
     ##### Internal #####
+
+    def _free_stack(self) -> "TokenPool":
+        """The pool whose free stack and top hold this pool's free pages: itself, or for a
+        paged pool its page pool."""
+        return self if self._fs is None else self._fs
+
+    def _hold_pages(self, k: int) -> torch.Tensor:
+        """Hand out the `k` <= available pages on top of the free stack in one C call (`hold`:
+        their slots, marked HELD with their pages)."""
+        fs = self._free_stack()
+        slots = self._nat_hold(self._state_buf, self.page_size, fs._stack, fs._top, k,
+                               self._pstate)
+        fs._top -= k
+        return torch.frombuffer(slots, dtype=torch.int64)
+
+    def _free_pages(self, fn, buf, n: int) -> bool:
+        """Free the `n` slots in the int64 buffer `buf` with the C helper `fn` (`release`, or
+        `release_cached` for evict): True when done (checked, slots and pages marked FREE,
+        pages pushed), False when `fn` is None or found a problem, for the numpy path to
+        name."""
+        fs = self._free_stack()
+        if fn is None or fn(self._state_buf, buf, self.page_size, fs._stack, fs._top,
+                            self._pstate):
+            return False
+        fs._top += n // self.page_size
+        return True
 
     def _take(self, n: int) -> np.ndarray:
         """Hand out `n` <= available slots (checked by the caller), marked HELD: the top `n`
@@ -179,9 +206,7 @@ class TokenPool:
         """Slots the cache evicts (the values of its victims: distinct whole pages, as insert
         checked; a contiguous int64 array) become free. Raises CacheError, freeing nothing, if
         their first slots are not all CACHED."""
-        if self._release_c is not None and not self._release_c(
-                self._state_buf, slots, 1, self._stack, self._top, None):
-            self._top += slots.size               # checked, marked FREE and pushed
+        if self._free_pages(self._nat_release_cached, slots, slots.size):
             return
         if np.count_nonzero(self._state.take(slots) != CACHED):
             raise CacheError("evict: the pool does not list the victims' slots as cached")
@@ -201,9 +226,10 @@ class PagedTokenPool(TokenPool):
         if not isinstance(size, int) or size < 0 or size % page_size:
             raise ValueError(f"size: expected a non-negative multiple of page_size={page_size}, "
                              f"got {size!r}")
-        super().__init__(size)
+        self._init_slots(size)                # no slot-level free stack: pages are handed out
         self.page_size = page_size
         self._pages = TokenPool(size // page_size)
+        self._fs, self._pstate = self._pages, self._pages._state_buf
         self._offs = np.arange(page_size, dtype=np.int64)
 
     def available_size(self) -> int:
@@ -220,13 +246,9 @@ class PagedTokenPool(TokenPool):
         if n > self.available_size():
             raise OutOfBlocks(f"n={n} slots requested, only {self.available_size()} of "
                               f"{self.size} free")
-        pg, k = self._pages, n // self.page_size
-        if self._hold is not None and n:
-            slots = self._hold(self._state_buf, self.page_size, pg._stack, pg._top, k,
-                               pg._state_buf)
-            pg._top -= k
-            return torch.frombuffer(slots, dtype=torch.int64)
-        pages = pg._take(k)
+        if self._nat_hold is not None and n:
+            return self._hold_pages(n // self.page_size)
+        pages = self._pages._take(n // self.page_size)
         out = (pages[:, None] * self.page_size + self._offs).reshape(-1)
         self._state[out] = HELD
         return torch.from_numpy(out)
@@ -235,10 +257,7 @@ class PagedTokenPool(TokenPool):
         arr = as_slot_array(slots)
         if arr.size == 0:
             return
-        ps, pg = self.page_size, self._pages
-        if self._release is not None and not self._release(
-                self._state_buf, arr.tobytes(), ps, pg._stack, pg._top, pg._state_buf):
-            pg._top += arr.size // ps               # checked, marked FREE and pushed
+        if self._free_pages(self._nat_release, arr.tobytes(), arr.size):
             return
         self._check_owned(arr, distinct=False)
         pages = self._whole_pages(arr) if arr.size % self.page_size == 0 else None
@@ -250,12 +269,9 @@ class PagedTokenPool(TokenPool):
         self._state[arr] = FREE
 
     def _release_cached(self, slots: np.ndarray) -> None:
-        ps, pg = self.page_size, self._pages
-        if self._release_c is not None and not self._release_c(
-                self._state_buf, slots, ps, pg._stack, pg._top, pg._state_buf):
-            pg._top += slots.size // ps             # checked, marked FREE and pushed
+        if self._free_pages(self._nat_release_cached, slots, slots.size):
             return
-        heads = slots[::ps]
+        heads = slots[::self.page_size]
         if np.count_nonzero(self._state.take(heads) != CACHED):
             raise CacheError("evict: the pool does not list the victims' pages as cached")
         self._pages._push(heads // self.page_size)
