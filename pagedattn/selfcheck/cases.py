@@ -7,7 +7,7 @@ sequence shows as NaN; outputs are NaN-filled before the launch, so an unwritten
 compared with the reference's: a write to a wrong slot fails too. Tolerances follow the tests'
 (fp16 2e-3, bf16 1.5e-2 / 1e-2, fp8 KV 1e-1, on top of a relative-L2 bound).
 """
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Tuple
 
 import torch
 
