@@ -9,8 +9,8 @@ into place, so a reader never sees a half-written module.
 
 Without a compiler (or Python's headers, or a writable cache directory) `load()` returns None,
 once with a RuntimeWarning, and the cache and its pools run the pure-Python path: same results,
-1.6-2.5x the time per request (docs/radix_cache.md). `reason()` says why the C helpers are not in
-use.
+about twice the time per request (docs/radix_cache.md). `reason()` says why the C helpers are
+not in use.
 """
 from __future__ import annotations
 
