@@ -245,7 +245,8 @@ def run(args, versions):
             df = pd.DataFrame([r for r, _ in rs])
             agg = {k: df[k].median() if df[k].dtype.kind == "f" else df[k].iloc[0] for k in df}
             rows.append({"workload": name, "page": ps, "impl": impl, "mismatches": bad,
-                         **agg, "gc_max_ms": df.gc_max_ms.max()})
+                         **agg, "gc_max_ms": df.gc_max_ms.max(),
+                         "mean_us_runs": "/".join(f"{v:.3f}" for v in df.mean_us)})
         print(f"{name}: done", file=sys.stderr)
     df = pd.DataFrame(rows)
     return df.sort_values("page", kind="stable", ignore_index=True), mism
@@ -262,7 +263,8 @@ def run_evict(args, versions):
                 us[ps, impl, leaves].append(evict_cost(
                     make, np.random.default_rng(2), leaves, 100 if impl == "pagedattn" else 10))
                 gc.collect()
-    return pd.DataFrame([dict(impl=impl, page=ps, leaves=n, us_per_leaf=np.median(v))
+    return pd.DataFrame([dict(impl=impl, page=ps, leaves=n, us_per_leaf=np.median(v),
+                              us_runs="/".join(f"{x:.3f}" for x in v))
                          for (ps, impl, n), v in us.items()])
 
 
@@ -337,6 +339,11 @@ def targets(df, ev, versions, mism):
     lines.append(f"* page 16 at least as fast as page 1 per request: "
                  f"{'PASS' if (o[16] <= o[1]).all() else 'FAIL'} (mean us p1 / p16: " + ", ".join(
                      f"{w} {r[1]:.1f} / {r[16]:.1f}" for w, r in o.iterrows()) + ")")
+    runs = ours.set_index(["workload", "page"]).mean_us_runs.map(
+        lambda t: np.array(t.split("/"), float)).unstack()
+    lines.append("  * the spread: page 16 / page 1 mean in each round of replays: "
+                 + ", ".join(f"{w} " + " / ".join(f"{x:.3f}" for x in r[16] / r[1])
+                             for w, r in runs.iterrows()))
     lines.append(f"* no GC pause over 1 ms in any replay: "
                  f"{'PASS' if ours.gc_max_ms.max() <= 1 else 'FAIL'} (longest "
                  f"{ours.gc_max_ms.max():.3f} ms)")
@@ -345,6 +352,10 @@ def targets(df, ev, versions, mism):
     lines.append(f"* evict flat within 1.2x from 1k to 32k leaves (page 1): "
                  f"{'PASS' if flat <= 1.2 else 'FAIL'} ({' / '.join(f'{v:.2f}' for v in e)} "
                  f"us per leaf at {' / '.join(map(str, e.index))} leaves: {flat:.2f}x)")
+    er = ev[(ev.impl == "pagedattn") & (ev.page == 1)].set_index("leaves").us_runs.map(
+        lambda t: np.array(t.split("/"), float))
+    lines.append("  * the spread: largest / smallest tree in each round of replays: " + " / ".join(
+        f"{x:.2f}" for x in er[er.index.max()] / er[er.index.min()]))
     lines.append(f"* matched lengths agree request by request: "
                  f"{'PASS' if not mism else 'FAIL: ' + '; '.join(mism)}")
     return "\n".join(lines)
