@@ -121,7 +121,16 @@ def encode_tokens_py(tokens) -> bytes:
         raise TypeError(f"tokens: expected a sequence of int64 token ids ({e})") from None
 
 
-encode_tokens = encoder(native.load())   # the C helper for lists and tuples, when built
+def encode_tokens(tokens) -> bytes:
+    t = type(tokens)
+    if t is list or t is tuple:
+        nat = native.load()         # built on the first list, not when the package is imported
+        if nat is not None:
+            return nat.encode(tokens)
+    return encode_tokens_py(tokens)
+
+
+encode_tokens.__doc__ = encode_tokens_py.__doc__
 
 
 class MatchResult(NamedTuple):
