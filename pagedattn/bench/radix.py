@@ -321,6 +321,11 @@ def summary(df, versions):
     return pd.DataFrame(out)
 
 
+def per_round(col: pd.Series) -> pd.Series:
+    """The "/"-joined values of each replay round (`mean_us_runs`, `us_runs`) as arrays."""
+    return col.map(lambda t: np.array(t.split("/"), float))
+
+
 def targets(df, ev, versions, mism):
     ours = df[df.impl == "pagedattn"]
     lines = []
@@ -339,8 +344,7 @@ def targets(df, ev, versions, mism):
     lines.append(f"* page 16 at least as fast as page 1 per request: "
                  f"{'PASS' if (o[16] <= o[1]).all() else 'FAIL'} (mean us p1 / p16: " + ", ".join(
                      f"{w} {r[1]:.1f} / {r[16]:.1f}" for w, r in o.iterrows()) + ")")
-    runs = ours.set_index(["workload", "page"]).mean_us_runs.map(
-        lambda t: np.array(t.split("/"), float)).unstack()
+    runs = per_round(ours.set_index(["workload", "page"]).mean_us_runs).unstack()
     lines.append("  * the spread: page 16 / page 1 mean in each round of replays: "
                  + ", ".join(f"{w} " + " / ".join(f"{x:.3f}" for x in r[16] / r[1])
                              for w, r in runs.iterrows()))
@@ -352,8 +356,7 @@ def targets(df, ev, versions, mism):
     lines.append(f"* evict flat within 1.2x from 1k to 32k leaves (page 1): "
                  f"{'PASS' if flat <= 1.2 else 'FAIL'} ({' / '.join(f'{v:.2f}' for v in e)} "
                  f"us per leaf at {' / '.join(map(str, e.index))} leaves: {flat:.2f}x)")
-    er = ev[(ev.impl == "pagedattn") & (ev.page == 1)].set_index("leaves").us_runs.map(
-        lambda t: np.array(t.split("/"), float))
+    er = per_round(ev[(ev.impl == "pagedattn") & (ev.page == 1)].set_index("leaves").us_runs)
     lines.append("  * the spread: largest / smallest tree in each round of replays: " + " / ".join(
         f"{x:.2f}" for x in er[er.index.max()] / er[er.index.min()]))
     lines.append(f"* matched lengths agree request by request: "
