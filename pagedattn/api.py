@@ -9,8 +9,9 @@ from pagedattn import validation as V
 from pagedattn.layouts import check_layout
 
 
-def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: Optional[torch.Tensor],
                  block_table: torch.Tensor, seq_lens: torch.Tensor, *, layout: str = "bhsd",
+                 head_dim_v: Optional[int] = None,
                  scale: Optional[float] = None, k_scale=None, v_scale=None,
                  sliding_window: Optional[int] = None, logit_cap: Optional[float] = None,
                  alibi_slopes: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None,
@@ -25,8 +26,14 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         shape ``[num_seqs, num_q_heads, head_dim]`` (one token per sequence) or
         ``[num_seqs, q_len, num_q_heads, head_dim]`` (speculative decoding: the q_len tokens are
         the last q_len positions of the sequence, shifted causal mask); fp16, bf16 or fp32.
+        head_dim: 1 to 576, K's width.
     k_cache, v_cache : torch.Tensor
         the paged cache in ``layout`` (docs/layout.md); q's dtype, or fp8 e4m3/e5m2 with scales.
+        V's head dim ``head_dim_v`` may differ from K's (1 to 576). ``v_cache=None`` (MLA): V is
+        k_cache's first ``head_dim_v`` columns (bhsd/bshd; DeepSeek: one KV head of 576, V 512).
+    head_dim_v : int, optional
+        V's head dim (the output's): required with ``v_cache=None``; with a v_cache, checked
+        against it.
     block_table : torch.Tensor
         int32 ``[num_seqs, max_blocks]``; row i maps sequence i's logical blocks to physical ids.
         Entries past ``ceil(seq_lens[i] / block_size)`` are never read.
@@ -70,7 +77,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     Returns
     -------
     torch.Tensor or (torch.Tensor, torch.Tensor)
-        out (q's shape and dtype) [, lse].
+        out (q's shape with the last dim head_dim_v, q's dtype) [, lse].
 
     Raises
     ------
@@ -89,6 +96,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     torch.Size([2, 4, 64])
     """
     check_layout(layout)
+    v_cache = V.resolve_v_cache(k_cache, v_cache, layout, head_dim_v)
     g = V.check_cache(k_cache, v_cache, layout)
     V.check_q_and_heads(q, g, k_cache.dtype, k_cache.device, dims=(3, 4))
     V.check_table(block_table, seq_lens, q.shape[0], q.device)
@@ -96,7 +104,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           v_scale=v_scale, sliding_window=sliding_window, logit_cap=logit_cap,
                           alibi_slopes=alibi_slopes, sinks=sinks)
     partition_size = V.check_partition_size(partition_size)
-    out = V.check_out(out, q)
+    out = V.check_out(out, q, g.head_dim_v)
     name, impl = _decode_route(backend, q, k_cache, layout, g, opts, return_lse, block_table,
                                partition_size)
     val = V.validate_enabled(validate, name)
@@ -140,7 +148,7 @@ def _decode_route(backend, q, k_cache, layout, g, opts, return_lse, block_table,
     key = None
     if q.device.type == "cuda":
         key = (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() % 16, k_cache.shape,
-               k_cache.stride(), k_cache.dtype, k_cache.data_ptr() % 16, layout,
+               k_cache.stride(), k_cache.dtype, k_cache.data_ptr() % 16, layout, g.head_dim_v,
                opts.sliding_window is None, opts.logit_cap, opts.alibi_slopes is None,
                opts.sinks is None, opts.k_scale is None, return_lse, block_table.shape,
                partition_size)
@@ -149,9 +157,10 @@ def _decode_route(backend, q, k_cache, layout, g, opts, return_lse, block_table,
                   partition_size=partition_size)
 
 
-def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: Optional[torch.Tensor],
                      block_table: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      seq_lens: torch.Tensor, *, layout: str = "bhsd", causal: bool = True,
+                     head_dim_v: Optional[int] = None,
                      k_new: Optional[torch.Tensor] = None, v_new: Optional[torch.Tensor] = None,
                      custom_mask: Optional[torch.Tensor] = None,
                      mask_indptr: Optional[torch.Tensor] = None, max_q_len: Optional[int] = None,
@@ -165,14 +174,19 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     Request b owns query rows ``[cu_seqlens_q[b], cu_seqlens_q[b+1])`` (Lq of them) and
     ``seq_lens[b]`` = Lk keys: a cached prefix of Lk - Lq tokens plus its Lq new tokens. Query i
-    (0-based within the request) sees key j iff ``j <= i + (Lk - Lq)`` when causal.
+    (0-based within the request) sees key j iff ``j <= i + (Lk - Lq)`` when causal. Non-causal
+    without k_new, every query sees all Lk keys and Lq may exceed Lk (FlashInfer's rule: query i
+    sits at position ``i + Lk - Lq`` for ALiBi and windows).
 
     Parameters
     ----------
     q : torch.Tensor
-        ``[total_new_tokens, num_q_heads, head_dim]``; fp16, bf16 or fp32.
+        ``[total_new_tokens, num_q_heads, head_dim]``; fp16, bf16 or fp32; head_dim 1 to 576.
     k_cache, v_cache : torch.Tensor
-        the paged cache in ``layout``; q's dtype or fp8 with ``k_scale``/``v_scale``.
+        the paged cache in ``layout``; q's dtype or fp8 with ``k_scale``/``v_scale``. V's head
+        dim may differ from K's (MLA prefill: K 192, V 128); ``v_cache=None`` with
+        ``head_dim_v`` reads V from k_cache's first head_dim_v columns (MLA, as in
+        :func:`paged_decode`).
     block_table : torch.Tensor
         int32 ``[num_seqs, max_blocks]``. Covers positions [0, Lk) when ``k_new`` is None (the
         new tokens were written by :func:`store_kv` first), else [0, Lk - Lq).
@@ -183,8 +197,8 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     causal : bool
         the shifted causal mask; False lets every query see all Lk keys.
     k_new, v_new : torch.Tensor, optional
-        ``[total_new_tokens, num_kv_heads, head_dim]`` in q's dtype: the new tokens' K/V, read
-        directly (no gather) instead of from the cache.
+        ``[total_new_tokens, num_kv_heads, head_dim]`` and ``[..., head_dim_v]`` in q's dtype:
+        the new tokens' K/V, read directly (no gather) instead of from the cache.
     custom_mask, mask_indptr : torch.Tensor, optional
         tree mask for speculative decoding (SGLang form): flat bool/uint8; request b's
         ``[Lq, Lk]`` row-major block starts at ``mask_indptr[b]`` (int32 ``[num_seqs + 1]``).
@@ -203,7 +217,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     Returns
     -------
     torch.Tensor or (torch.Tensor, torch.Tensor)
-        out ``[total_new_tokens, num_q_heads, head_dim]`` [, float32 lse
+        out ``[total_new_tokens, num_q_heads, head_dim_v]`` [, float32 lse
         ``[total_new_tokens, num_q_heads]``].
 
     Examples
@@ -219,6 +233,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     torch.Size([3, 2, 64])
     """
     check_layout(layout)
+    v_cache = V.resolve_v_cache(k_cache, v_cache, layout, head_dim_v)
     g = V.check_cache(k_cache, v_cache, layout)
     V.check_q_and_heads(q, g, k_cache.dtype, k_cache.device)
     dev = q.device
@@ -230,9 +245,9 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if (k_new is None) != (v_new is None):
         raise ValueError("k_new, v_new: give both or neither")
     if k_new is not None:
-        for name, t in (("k_new", k_new), ("v_new", v_new)):
+        for name, t, w in (("k_new", k_new, g.head_dim), ("v_new", v_new, g.head_dim_v)):
             V.check_tensor(name, t, dim=3, dtypes=(q.dtype,), device=dev)
-            V.check_shape(name, t, (q.shape[0], g.num_kv_heads, g.head_dim))
+            V.check_shape(name, t, (q.shape[0], g.num_kv_heads, w))
     if (custom_mask is None) != (mask_indptr is None):
         raise ValueError("custom_mask, mask_indptr: give both or neither")
     if custom_mask is not None:
@@ -253,7 +268,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     opts = V.attn_options(q=q, g=g, kv_dtype=k_cache.dtype, scale=scale, k_scale=k_scale,
                           v_scale=v_scale, sliding_window=sliding_window, logit_cap=logit_cap,
                           alibi_slopes=alibi_slopes, sinks=sinks)
-    out = V.check_out(out, q)
+    out = V.check_out(out, q, g.head_dim_v)
     name, impl = dispatch.resolve("extend_attention", backend, q=q, k_cache=k_cache,
                                   layout=layout, geom=g, opts=opts, causal=causal,
                                   k_new=k_new, custom_mask=custom_mask, return_lse=return_lse,
@@ -271,7 +286,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         V._check_scale_values("k_scale", opts.k_scale)
         V._check_scale_values("v_scale", opts.v_scale)
         lens = seq_lens.to(torch.int64).cpu()
-        bad = torch.nonzero(lq > lens)
+        bad = torch.nonzero(lq > lens) if causal or k_new is not None else torch.zeros(0)
         if bad.numel():
             i = int(bad[0])
             raise ValueError(f"seq_lens: request {i} has {int(lq[i])} new tokens but seq_len "

@@ -20,7 +20,7 @@ with ``x = 16 // element_size`` for the vllm K cache. Each layout reduces to fiv
 Kernels receive the same five strides (as int64) and evaluate the same formula; the reference
 gathers through it too. Offsets are int64 throughout.
 """
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -39,10 +39,15 @@ class KVStrides(NamedTuple):
 
 
 class CacheGeometry(NamedTuple):
+    """A cache pair's sizes. ``head_dim`` is K's width (q's), ``head_dim_v`` V's (the output's);
+    they differ for MLA (K 576 / V 512, V being the first 512 columns of one latent cache) and
+    MLA-style prefill (K 192 / V 128)."""
+
     num_blocks: int
     block_size: int
     num_kv_heads: int
     head_dim: int
+    head_dim_v: int
 
 
 def check_layout(layout: str) -> str:
@@ -57,28 +62,58 @@ def vllm_x(dtype: torch.dtype) -> int:
 
 
 def kv_cache_shapes(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                    layout: str, dtype: torch.dtype) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
-    """Shapes of (k_cache, v_cache) for a layout."""
+                    layout: str, dtype: torch.dtype, head_dim_v: Optional[int] = None
+                    ) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """Shapes of (k_cache, v_cache) for a layout (V's width ``head_dim_v``, default K's)."""
     n, b, h, d = num_blocks, block_size, num_kv_heads, head_dim
+    dv = d if head_dim_v is None else head_dim_v
     check_layout(layout)
     if layout == "bhsd":
-        return (n, h, b, d), (n, h, b, d)
+        return (n, h, b, d), (n, h, b, dv)
     if layout == "bshd":
-        return (n, b, h, d), (n, b, h, d)
+        return (n, b, h, d), (n, b, h, dv)
     if layout == "hcu":
-        return (n, h, b, d), (n, h, d, b)
+        return (n, h, b, d), (n, h, dv, b)
     x = vllm_x(dtype)
     if d % x:
         raise ValueError(f"head_dim: the vllm layout needs a multiple of x={x}, got {d}")
-    return (n, h, d // x, b, x), (n, h, d, b)
+    return (n, h, d // x, b, x), (n, h, dv, b)
 
 
 def make_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, *,
                   layout: str = "bhsd", dtype: torch.dtype = torch.float16,
-                  device="cpu") -> Tuple[torch.Tensor, torch.Tensor]:
-    """Allocate an uninitialised (k_cache, v_cache) pair in ``layout``."""
-    ks, vs = kv_cache_shapes(num_blocks, block_size, num_kv_heads, head_dim, layout, dtype)
+                  device="cpu", head_dim_v: Optional[int] = None
+                  ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Allocate an uninitialised (k_cache, v_cache) pair in ``layout``; V is ``head_dim_v``
+    wide (default: ``head_dim``)."""
+    ks, vs = kv_cache_shapes(num_blocks, block_size, num_kv_heads, head_dim, layout, dtype,
+                             head_dim_v)
     return torch.empty(ks, dtype=dtype, device=device), torch.empty(vs, dtype=dtype, device=device)
+
+
+MLA_LAYOUTS = ("bhsd", "bshd")  # layouts where V can be the leading columns of the K cache
+
+
+def make_mla_cache(num_blocks: int, block_size: int, head_dim: int = 576, *,
+                   layout: str = "bshd", dtype: torch.dtype = torch.bfloat16,
+                   device="cpu") -> torch.Tensor:
+    """Allocate an uninitialised MLA latent cache: one KV head of ``head_dim`` columns
+    (DeepSeek: 512 latent + 64 rope) in ``layout`` (bshd or bhsd). Pass it as ``k_cache`` with
+    ``v_cache=None`` and ``head_dim_v=`` (512): V is its first head_dim_v columns
+    (:func:`mla_v_view`)."""
+    if layout not in MLA_LAYOUTS:
+        raise ValueError(f"layout: an MLA cache is {' or '.join(MLA_LAYOUTS)}, got {layout!r}")
+    return make_kv_cache(num_blocks, block_size, 1, head_dim, layout=layout, dtype=dtype,
+                         device=device)[0]
+
+
+def mla_v_view(k_cache: torch.Tensor, layout: str, head_dim_v: int) -> torch.Tensor:
+    """V of a latent cache: the view of its first ``head_dim_v`` columns (no copy). Only
+    bhsd/bshd keep the head dim innermost for K and V alike."""
+    if layout not in MLA_LAYOUTS:
+        raise ValueError(f"v_cache: None (V inside the K cache) needs layout "
+                         f"{' or '.join(MLA_LAYOUTS)}, got {layout!r}")
+    return k_cache[..., :head_dim_v]
 
 
 def cache_geometry(k_cache: torch.Tensor, layout: str) -> CacheGeometry:
@@ -89,10 +124,10 @@ def cache_geometry(k_cache: torch.Tensor, layout: str) -> CacheGeometry:
         raise ValueError(f"k_cache: layout {layout!r} is {want}-D, got shape {tuple(k_cache.shape)}")
     s = k_cache.shape
     if layout == "bshd":
-        return CacheGeometry(s[0], s[1], s[2], s[3])
+        return CacheGeometry(s[0], s[1], s[2], s[3], s[3])
     if layout == "vllm":
-        return CacheGeometry(s[0], s[3], s[1], s[2] * s[4])
-    return CacheGeometry(s[0], s[2], s[1], s[3])
+        return CacheGeometry(s[0], s[3], s[1], s[2] * s[4], s[2] * s[4])
+    return CacheGeometry(s[0], s[2], s[1], s[3], s[3])
 
 
 def k_strides(k_cache: torch.Tensor, layout: str) -> KVStrides:
@@ -120,12 +155,13 @@ def v_strides(v_cache: torch.Tensor, layout: str) -> KVStrides:
 
 
 def v_geometry(v_cache: torch.Tensor, layout: str) -> CacheGeometry:
+    """(num_blocks, block_size, num_kv_heads, V width, V width) read off a V cache."""
     s = v_cache.shape
     if layout == "bshd":
-        return CacheGeometry(s[0], s[1], s[2], s[3])
+        return CacheGeometry(s[0], s[1], s[2], s[3], s[3])
     if layout in ("vllm", "hcu"):
-        return CacheGeometry(s[0], s[3], s[1], s[2])
-    return CacheGeometry(s[0], s[2], s[1], s[3])
+        return CacheGeometry(s[0], s[3], s[1], s[2], s[2])
+    return CacheGeometry(s[0], s[2], s[1], s[3], s[3])
 
 
 def element_offset(s: KVStrides, block, token, head, d):
@@ -171,12 +207,14 @@ def gather_tokens(cache: torch.Tensor, s: KVStrides, blocks: torch.Tensor, token
 
 def gather_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table_row: torch.Tensor,
               seq_len: int, layout: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """K and V of one sequence, positions [0, seq_len): two [seq_len, kv_heads, D] tensors."""
+    """K and V of one sequence, positions [0, seq_len): [seq_len, kv_heads, D] and
+    [seq_len, kv_heads, Dv] tensors."""
     g = cache_geometry(k_cache, layout)
+    dv = v_geometry(v_cache, layout).head_dim
     pos = torch.arange(seq_len, device=k_cache.device)
     blocks, toks = slots_of(block_table_row, pos, g.block_size)
     k = gather_tokens(k_cache, k_strides(k_cache, layout), blocks, toks, g.num_kv_heads, g.head_dim)
-    v = gather_tokens(v_cache, v_strides(v_cache, layout), blocks, toks, g.num_kv_heads, g.head_dim)
+    v = gather_tokens(v_cache, v_strides(v_cache, layout), blocks, toks, g.num_kv_heads, dv)
     return k, v
 
 

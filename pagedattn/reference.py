@@ -40,9 +40,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
            ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Dense attention of one sequence in the dtype of its inputs.
 
-    q: [Lq, Hq, D]; k, v: [Lk, Hkv, D]; q_pos: [Lq] absolute positions of the queries;
-    mask: optional bool [Lq, Lk] (True = visible) replacing the causal rule.
-    Returns out [Lq, Hq, D] and lse [Lq, Hq].
+    q: [Lq, Hq, D]; k: [Lk, Hkv, D]; v: [Lk, Hkv, Dv]; q_pos: [Lq] absolute positions of the
+    queries; mask: optional bool [Lq, Lk] (True = visible) replacing the causal rule.
+    Returns out [Lq, Hq, Dv] and lse [Lq, Hq].
     """
     lq, hq, _ = q.shape
     lk, hkv, _ = k.shape
@@ -102,8 +102,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     cd = compute_dtype
     q4 = q.unsqueeze(1) if q.dim() == 3 else q
     b, lq, hq, d = q4.shape
+    dv = L.v_geometry(v_cache, layout).head_dim
     scale = d ** -0.5 if scale is None else scale
-    o = torch.zeros((b, lq, hq, d), dtype=cd, device=q.device)
+    o = torch.zeros((b, lq, hq, dv), dtype=cd, device=q.device)
     lse = torch.full((b, lq, hq), float("-inf"), dtype=cd, device=q.device)
     for i in range(b):
         n = int(seq_lens[i])
@@ -114,7 +115,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         o[i], lse[i] = attend(q4[i].to(cd), k, v, q_pos, scale=scale, causal=True,
                               sliding_window=sliding_window, logit_cap=logit_cap,
                               alibi_slopes=alibi_slopes, sinks=sinks)
-    o = o.reshape(q.shape)
+    o = o.reshape(q.shape[:-1] + (dv,))
     lse = lse.reshape(q.shape[:-1])
     return _finish(o, lse, q.dtype, out, return_lse)
 
@@ -132,20 +133,22 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """Reference extend attention over a ragged batch.
 
     Request b owns query rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) (Lq of them) and Lk =
-    seq_lens[b] keys; its prefix is Lk - Lq. Keys [0, prefix) come from the paged cache; the new
+    seq_lens[b] keys; its prefix is Lk - Lq (negative for a non-causal request with more queries
+    than keys: its queries sit at positions Lk - Lq ... Lk - 1, and all Lk keys are visible). Keys [0, prefix) come from the paged cache; the new
     keys from the cache too, or from k_new/v_new rows (same rows as q) when given.
     custom_mask: flat bool, request b's [Lq, Lk] row-major block at mask_indptr[b].
     """
     cd = compute_dtype
     t, hq, d = q.shape
+    dv = L.v_geometry(v_cache, layout).head_dim
     scale = d ** -0.5 if scale is None else scale
-    o = torch.zeros((t, hq, d), dtype=cd, device=q.device)
+    o = torch.zeros((t, hq, dv), dtype=cd, device=q.device)
     lse = torch.full((t, hq), float("-inf"), dtype=cd, device=q.device)
     g = L.cache_geometry(k_cache, layout)
     for b in range(seq_lens.numel()):
         q0, q1 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
         lq, lk = q1 - q0, int(seq_lens[b])
-        if lq == 0:
+        if lq == 0 or lk == 0:
             continue
         prefix = lk - lq
         if k_new is None:
@@ -189,7 +192,8 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor])
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, *, layout: str = "bhsd", k_scale=None, v_scale=None):
-    """Write k, v [T, Hkv, D] to slots ``block * block_size + offset``; slots < 0 are skipped."""
+    """Write k [T, Hkv, D], v [T, Hkv, Dv] to slots ``block * block_size + offset``; slots < 0
+    are skipped. v None (an MLA latent cache): K only."""
     g = L.cache_geometry(k_cache, layout)
     slots = slot_mapping.to(torch.int64)
     keep = slots >= 0
@@ -197,8 +201,9 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     blocks, toks = slots // g.block_size, slots % g.block_size
     L.scatter_tokens(k_cache, L.k_strides(k_cache, layout), blocks, toks,
                      quantize(k[keep], k_cache.dtype, k_scale))
-    L.scatter_tokens(v_cache, L.v_strides(v_cache, layout), blocks, toks,
-                     quantize(v[keep], v_cache.dtype, v_scale))
+    if v is not None:  # None: an MLA latent cache, K only
+        L.scatter_tokens(v_cache, L.v_strides(v_cache, layout), blocks, toks,
+                         quantize(v[keep], v_cache.dtype, v_scale))
 
 
 def copy_blocks(caches: Union[torch.Tensor, Sequence[torch.Tensor]], block_mapping: torch.Tensor):

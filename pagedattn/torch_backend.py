@@ -43,7 +43,7 @@ def _check_extend_data(c: ExtendCall):
     """The device-data checks of an extend call that was not validated (as the public op's)."""
     cu = V.check_indptr("cu_seqlens_q", c.cu_seqlens_q, c.q.shape[0], c.num_seqs)
     lq, lens = cu[1:] - cu[:-1], c.seq_lens.to(torch.int64).cpu()
-    if bool((lq > lens).any()):
+    if (c.causal or c.k_new is not None) and bool((lq > lens).any()):
         raise ValueError("seq_lens: a request has more new tokens than seq_len (negative prefix)")
     V.check_table_data(c.block_table, c.seq_lens, c.geom.block_size, c.geom.num_blocks,
                        need=lens if c.k_new is None else lens - lq)

@@ -17,7 +17,9 @@ from pagedattn.reference import FP8_DTYPES, is_fp8
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 KV_DTYPES = Q_DTYPES + FP8_DTYPES
-HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 256)
+# Head dims (K's and V's, separately) every public op accepts: any width up to 576 (MLA's
+# 512 latent + 64 rope). Backends declare what they serve (pagedattn.dispatch.capabilities).
+MAX_HEAD_DIM = 576
 
 
 def _desc(t: torch.Tensor) -> str:
@@ -204,7 +206,38 @@ class ExtendCall:
         return self.seq_lens.shape[0]
 
 
+def resolve_v_cache(k_cache, v_cache, layout, head_dim_v=None):
+    """The V cache of an attention call: ``v_cache`` itself, or with ``v_cache=None`` (MLA: one
+    latent cache holds K and V) the view of the K cache's first ``head_dim_v`` columns.
+    ``head_dim_v`` given with a V cache must equal its width."""
+    if head_dim_v is not None:
+        if isinstance(head_dim_v, bool) or not isinstance(head_dim_v, int) or head_dim_v < 1:
+            raise ValueError(f"head_dim_v: expected a positive int, got {head_dim_v!r}")
+    if v_cache is not None:
+        if head_dim_v is not None and isinstance(v_cache, torch.Tensor) and v_cache.dim() == 4:
+            got = L.v_geometry(v_cache, layout).head_dim
+            if got != head_dim_v:
+                raise ValueError(f"head_dim_v: {head_dim_v} differs from v_cache's width {got}")
+        return v_cache
+    check_tensor("k_cache", k_cache, dtypes=KV_DTYPES)
+    if head_dim_v is None:
+        raise ValueError("v_cache: None means V is the leading columns of k_cache (MLA); "
+                         "give head_dim_v= (512 for DeepSeek's 576-wide latent cache)")
+    g = L.cache_geometry(k_cache, layout)
+    if head_dim_v > g.head_dim:
+        raise ValueError(f"head_dim_v: {head_dim_v} exceeds k_cache's head_dim {g.head_dim} "
+                         "(v_cache=None reads V from k_cache's first head_dim_v columns)")
+    return L.mla_v_view(k_cache, layout, head_dim_v)
+
+
+def _check_head_dim(name, d):
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"{name}: head_dim {d} unsupported; supported: 1 to {MAX_HEAD_DIM}")
+
+
 def check_cache(k_cache, v_cache, layout) -> L.CacheGeometry:
+    """Geometry of a (k_cache, v_cache) pair: block, head and block-size dims agree, the head
+    dims (K's ``head_dim``, V's ``head_dim_v``) may differ."""
     L.check_layout(layout)
     check_tensor("k_cache", k_cache, dtypes=KV_DTYPES)
     check_tensor("v_cache", v_cache, dtypes=KV_DTYPES, device=k_cache.device)
@@ -212,18 +245,23 @@ def check_cache(k_cache, v_cache, layout) -> L.CacheGeometry:
         raise TypeError(f"v_cache: expected dtype {k_cache.dtype} (k_cache's), got {v_cache.dtype}")
     g = L.cache_geometry(k_cache, layout)
     vg = L.v_geometry(v_cache, layout) if v_cache.dim() == 4 else None
-    if vg != g:
+    if vg is None or vg[:3] != g[:3]:
         raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} does not match k_cache "
                          f"{tuple(k_cache.shape)} in layout {layout!r} (k_cache implies "
-                         f"{g._asdict()})")
+                         f"num_blocks {g.num_blocks}, block_size {g.block_size}, num_kv_heads "
+                         f"{g.num_kv_heads})")
+    g = g._replace(head_dim_v=vg.head_dim)
     if layout == "vllm" and k_cache.shape[4] != L.vllm_x(k_cache.dtype):
         raise ValueError(f"k_cache: the vllm layout needs x = 16 // element size = "
                          f"{L.vllm_x(k_cache.dtype)} in the last dim, got {k_cache.shape[4]}")
-    bs = g.block_size
-    if bs <= 0 or bs & (bs - 1):
-        raise ValueError(f"k_cache: block_size must be a power of 2, got {bs}")
+    if g.block_size <= 0:
+        raise ValueError(f"k_cache: block_size must be >= 1, got {g.block_size}")
     if g.num_blocks <= 0:
         raise ValueError("k_cache: num_blocks must be > 0")
+    if g.num_kv_heads <= 0:
+        raise ValueError("k_cache: num_kv_heads must be > 0")
+    _check_head_dim("k_cache", g.head_dim)
+    _check_head_dim("v_cache", g.head_dim_v)
     return g
 
 
@@ -235,8 +273,6 @@ def check_q_and_heads(q, g: L.CacheGeometry, kv_dtype, device, *, dims=(3,)):
     hq, d = q.shape[-2], q.shape[-1]
     if d != g.head_dim:
         raise ValueError(f"q: head_dim {d} differs from the cache's head_dim {g.head_dim}")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"q: head_dim {d} unsupported; supported: {HEAD_DIMS}")
     if hq % g.num_kv_heads:
         raise ValueError(f"q: num_q_heads {hq} is not a multiple of num_kv_heads {g.num_kv_heads}")
     if not is_fp8(kv_dtype) and kv_dtype != q.dtype:
@@ -253,11 +289,14 @@ def check_table(block_table, seq_lens, num_seqs, device):
     check_shape("seq_lens", seq_lens, (num_seqs,))
 
 
-def check_out(out, like: torch.Tensor):
+def check_out(out, like: torch.Tensor, width: Optional[int] = None):
+    """The output of an attention op: ``like`` (q) with its last dim ``width`` (V's head dim,
+    default q's); allocated when None."""
+    shape = tuple(like.shape[:-1]) + (like.shape[-1] if width is None else width,)
     if out is None:
-        return torch.empty_like(like, memory_format=torch.contiguous_format)
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
     check_tensor("out", out, dtypes=(like.dtype,), device=like.device)
-    check_shape("out", out, like.shape)
+    check_shape("out", out, shape)
     if out.data_ptr() == like.data_ptr() and out.numel():
         raise ValueError("out: must not alias q")
     return out

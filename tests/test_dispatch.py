@@ -17,8 +17,8 @@ from pagedattn.dispatch.core import reuse_kv_times, partition_size_for, preferen
 from dispatch_utils import ATTN_OPS, DTYPES, _clean_dispatch, _decode_args  # noqa: F401
 
 ARCHS = ["gfx90a", "gfx936", "gfx942", "gfx950", "sm_80", "sm_90", "sm_100", "unknown", "cpu"]
-HEAD_DIMS = [64, 80, 128, 256, 512]  # 80: not a HIP template; 512: beyond Triton's tiles
-BLOCK_SIZES = [1, 16, 64]  # 1: SGLang token pool (no HIP delta addressing)
+HEAD_DIMS = [13, 64, 80, 128, 256, 512, 576, 577]  # 80: not a HIP template; 577: beyond any
+BLOCK_SIZES = [1, 16, 64, 528]  # 1: SGLang token pool (no HIP delta addressing); 528: not pow2
 GROUPS = [1, 4, 16, 48, 96]  # 16 vs 15: partition rule; 96: past the largest REUSE (64)
 
 
@@ -137,7 +137,10 @@ CASES = [
     ("extend_attention", "sm_90", BF16, BF16, 128, 16, 8, "triton", "first backend"),
     ("extend_attention", "gfx942", BF16, BF16, 128, 16, 8, "hip", "first backend"),
     ("paged_decode", "sm_100", BF16, BF16, 128, 16, 8, "triton", "first backend"),
-    ("paged_decode", "sm_90", BF16, BF16, 512, 16, 8, "torch", "head_dim 512"),
+    ("paged_decode", "sm_90", BF16, BF16, 512, 16, 8, "triton", "first backend"),
+    ("paged_decode", "sm_90", BF16, BF16, 577, 16, 8, "torch", "head_dim 577"),
+    ("paged_decode", "gfx942", BF16, BF16, 128, 528, 8, "triton", "block_size 528"),
+    ("extend_attention", "gfx942", BF16, BF16, 128, 48, 8, "triton", "block_size 48"),
     ("paged_decode", "unknown", F16, F16, 128, 16, 8, "triton", "first backend"),
     ("paged_decode", "unknown", F16, E5M2, 128, 16, 8, "torch", "reads fp8 as none"),
     ("paged_decode", "cpu", F16, F16, 128, 16, 8, "triton", "first backend"),

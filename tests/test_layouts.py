@@ -17,7 +17,7 @@ def test_address_function_matches_indexing(layout, dtype):
     else:
         k.copy_(torch.arange(k.numel()).view(k.shape).to(dtype))
     g = L.cache_geometry(k, layout)
-    assert g == (n, bs, h, d) and L.v_geometry(v, layout) == g
+    assert g == (n, bs, h, d, d) and L.v_geometry(v, layout) == g
     ks = L.k_strides(k, layout)
     flat = k.reshape(-1)
     for blk, off in [(0, 0), (3, 5), (4, 7)]:

@@ -93,29 +93,52 @@ def test_out_aliasing_q_rejected():
         _call(out=a["q"], q=a["q"])
 
 
-def test_cache_shape_mismatch():
-    a = _good()
-    v = torch.randn(NB, HKV, BS, D + 8)
+@pytest.mark.parametrize("shape", [(NB, HKV, BS + 1, D), (NB, HKV + 1, BS, D),
+                                   (NB + 1, HKV, BS, D), (NB, HKV, BS)],
+                         ids=["block_size", "heads", "blocks", "rank"])
+def test_cache_shape_mismatch(shape):
     with pytest.raises(ValueError, match="v_cache"):
-        _call(v_cache=v)
+        _call(v_cache=torch.randn(shape))
 
 
-def test_cache_dtype_mismatch():
-    a = _good()
-    with pytest.raises(TypeError, match="v_cache"):
-        _call(v_cache=a["v_cache"].half())
+def test_v_width_may_differ():
+    """K 64 / V 72 wide: accepted; out takes V's width."""
+    out = _call(v_cache=torch.randn(NB, HKV, BS, D + 8).normal_())
+    assert out.shape == (B, HQ, D + 8)
 
 
-def test_block_size_not_pow2():
-    k = torch.randn(NB, HKV, 3, D)
-    with pytest.raises(ValueError, match="block_size"):
-        _call(k_cache=k, v_cache=k.clone())
+def test_head_dim_v_checked_against_v_cache():
+    with pytest.raises(ValueError, match="head_dim_v"):
+        _call(head_dim_v=D + 1)
 
 
-def test_unsupported_head_dim():
-    k = torch.randn(NB, HKV, BS, 300)
+def test_mla_v_cache_none_needs_head_dim_v():
+    with pytest.raises(ValueError, match="head_dim_v"):
+        _call(v_cache=None)
+    with pytest.raises(ValueError, match="head_dim_v"):
+        _call(v_cache=None, head_dim_v=D + 1)  # wider than the K cache it reads
+
+
+def test_mla_v_cache_none_needs_head_dim_inner_layout():
+    k = torch.randn(NB, HKV, D // 16, BS, 4)  # vllm layout, fp32: x = 4
+    with pytest.raises(ValueError, match="v_cache"):
+        pa.paged_decode(torch.randn(B, HQ, D), k, None, _good()["block_table"],
+                        _good()["seq_lens"], layout="vllm", head_dim_v=32, backend="torch")
+
+
+@pytest.mark.parametrize("bs", [1, 3, 5, 48])
+def test_any_block_size_accepted(bs):
+    k = torch.randn(NB, HKV, bs, D)
+    lens = torch.tensor([min(9, 3 * bs), 1], dtype=torch.int32)
+    out = _call(k_cache=k, v_cache=torch.randn_like(k), seq_lens=lens)
+    assert out.shape == (B, HQ, D)
+
+
+@pytest.mark.parametrize("d", [0, 577])
+def test_unsupported_head_dim(d):
+    k = torch.randn(NB, HKV, BS, d)
     with pytest.raises(ValueError, match="head_dim"):
-        _call(k_cache=k, v_cache=k.clone(), q=torch.randn(B, HQ, 300))
+        _call(k_cache=k, v_cache=k.clone(), q=torch.randn(B, HQ, d))
 
 
 @pytest.mark.parametrize("dt", [torch.float8_e4m3fn, torch.float8_e5m2])

@@ -5,7 +5,7 @@ stays the final word at call time (dispatch.core asks it before returning a back
 tests/test_dispatch.py checks these tables against the modules whenever they import.
 """
 from dataclasses import dataclass
-from typing import FrozenSet, Optional, Tuple
+from typing import FrozenSet, Optional, Sequence, Tuple
 
 import torch
 
@@ -17,18 +17,19 @@ MATMUL_OPS = ("paged_decode", "extend_attention")  # the ops whose dtype the mat
 # Call features a backend may lack. Each is derived from the call's arguments:
 #   sinks (sinks=), soft_cap (logit_cap=), window (sliding_window=), alibi (alibi_slopes=),
 #   lse (return_lse=True), tree_mask (custom_mask=), k_new (k_new/v_new read directly),
-#   non_causal (extend with causal=False), spec_decode (decode with q [B, q_len, Hq, D]).
+#   non_causal (extend with causal=False), spec_decode (decode with q [B, q_len, Hq, D]),
+#   head_dim_v (V's head dim differs from K's: MLA 576/512, MLA prefill 192/128).
 FEATURES = frozenset({"sinks", "soft_cap", "window", "alibi", "lse", "tree_mask", "k_new",
-                      "non_causal", "spec_decode"})
+                      "non_causal", "spec_decode", "head_dim_v"})
 
 LAYOUTS = ("bhsd", "bshd", "vllm", "hcu")
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 HALFS = (torch.float16, torch.bfloat16)
-POW2 = tuple(2 ** i for i in range(9))  # 1 .. 256
-# The head dims the public ops accept (pagedattn.validation.HEAD_DIMS); Triton pads D to the
-# next power of 2 with masked lanes, so every one of them compiles.
-TRITON_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 256)
-ATTN_FEATURES = frozenset({"sinks", "soft_cap", "window", "alibi", "lse"})
+# The head dims the public ops accept (pagedattn.validation.MAX_HEAD_DIM), K's and V's alike;
+# Triton pads a tile's head dim to a power of 2 >= 16 with masked lanes (decode splits widths
+# past 256 into a power-of-2 tile and a tail tile: 576 = 512 + 64), so every one compiles.
+TRITON_HEAD_DIMS = range(1, 577)
+ATTN_FEATURES = frozenset({"sinks", "soft_cap", "window", "alibi", "lse", "head_dim_v"})
 
 # Where a backend can run at all.
 ANYWHERE = "anywhere"  # torch: any device torch runs on
@@ -43,8 +44,8 @@ class OpCaps:
     dtypes: Optional[Tuple[torch.dtype, ...]]  # q dtype (store_kv: k's dtype)
     kv_fp8: Tuple[str, ...]  # fp8 cache formats on top of "cache dtype == q dtype"
     layouts: Optional[Tuple[str, ...]]
-    head_dims: Optional[Tuple[int, ...]]
-    block_sizes: Optional[Tuple[int, ...]]
+    head_dims: Optional[Sequence[int]]  # K's and V's head dims (a tuple or a range)
+    block_sizes: Optional[Sequence[int]]
     max_group: Optional[int]  # largest num_q_heads / num_kv_heads
     features: FrozenSet[str]
     max_rows: Optional[int] = None  # decode: largest group * q_len (query rows per program)
@@ -66,21 +67,23 @@ TORCH = BackendCaps("torch", "pagedattn.torch_backend", ANYWHERE, {
                            ATTN_FEATURES | {"spec_decode"}),
     "extend_attention": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, None, None, None,
                                ATTN_FEATURES | {"tree_mask", "k_new", "non_causal"}),
-    "store_kv": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, None, None, None, frozenset()),
+    "store_kv": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, None, None, None,
+                       frozenset({"head_dim_v"})),
     "copy_blocks": _ANY_COPY,
 })
 
 # triton: the portable default (DESIGN.md): every layout through the shared address function,
-# block sizes 1 (SGLang's token pool) to 256, head dims up to 256 (a 512-wide K tile of 64
-# tokens is 64 KB in fp16: over budget). Decode holds group * q_len <= 256 query rows in one
-# program (triton_kernels.decode.MAX_ROWS); extend takes groups <= 128.
+# any block size (1: SGLang's token pool; 528, 544: hybrid models' pages), head dims 1 to 576
+# for K and V separately (MLA). Decode splits a group of more query rows than one program
+# holds over several programs per KV head (triton_kernels.decode._head_split); extend takes
+# groups <= 128.
 TRITON = BackendCaps("triton", "pagedattn.triton_kernels", GPU_OR_INTERPRETER, {
-    "paged_decode": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, POW2, None,
-                           ATTN_FEATURES | {"spec_decode"}, max_rows=256),
-    "extend_attention": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, POW2, 128,
+    "paged_decode": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, None, None,
+                           ATTN_FEATURES | {"spec_decode"}),
+    "extend_attention": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, None, 128,
                                ATTN_FEATURES | {"tree_mask", "k_new", "non_causal"}),
-    "store_kv": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, POW2, None,
-                       frozenset()),
+    "store_kv": OpCaps(FLOATS, ("e4m3", "e5m2"), LAYOUTS, TRITON_HEAD_DIMS, None, None,
+                       frozenset({"head_dim_v"})),
     "copy_blocks": _ANY_COPY,
 })
 
@@ -90,7 +93,8 @@ TRITON = BackendCaps("triton", "pagedattn.triton_kernels", GPU_OR_INTERPRETER, {
 # page_size % BLOCK_N == 0). Any group: REUSE_KV_TIMES tops out at 64 and larger groups take
 # several blocks per KV head (blocks_per_kv_head). Decode reads V plain or transposed
 # (bhsd/bshd, hcu) and fp8 KV; extend is instantiated for KV == q dtype, V not transposed.
-# Features: only LSE (AttnParams has no sinks, ALiBi, soft-cap, window, tree mask or k_new).
+# Features: only LSE (AttnParams has no sinks, ALiBi, soft-cap, window, tree mask or k_new;
+# K and V share one head dim).
 HIP = BackendCaps("hip", "pagedattn.hip_kernels", HIP_BUILD, {
     "paged_decode": OpCaps(HALFS, ("e4m3", "e5m2"), ("bhsd", "bshd", "hcu"), (64, 128),
                            (16, 32, 64, 128, 256), None, frozenset({"lse"})),
@@ -105,11 +109,18 @@ def _fmt(v) -> str:
     return str(v).replace("torch.", "")
 
 
+def _span(values) -> str:
+    """A supported set for a message: ``1..576`` for a range, else the list."""
+    if isinstance(values, range):
+        return f"{values.start}..{values.stop - 1}"
+    return str(list(values))
+
+
 def unsupported(backend: str, op: str, arch: ArchFacts, *, dtype=None, kv_dtype=None,
                 head_dim: Optional[int] = None, block_size: Optional[int] = None,
                 group: Optional[int] = None, layout: Optional[str] = None,
                 features: FrozenSet[str] = frozenset(), interpret: bool = False,
-                q_len: int = 1) -> list:
+                q_len: int = 1, head_dim_v: Optional[int] = None) -> list:
     """Reasons the declared table of ``backend`` rules the call out ([] = declared supported).
 
     A fact given as None (unknown, or not meaningful for the op) is not checked.
@@ -145,10 +156,11 @@ def unsupported(backend: str, op: str, arch: ArchFacts, *, dtype=None, kv_dtype=
                        f"{list(arch.fp8) or 'none'}")
     if layout is not None and oc.layouts is not None and layout not in oc.layouts:
         why.append(f"layout {layout!r} not in {list(oc.layouts)}")
-    if head_dim is not None and oc.head_dims is not None and head_dim not in oc.head_dims:
-        why.append(f"head_dim {head_dim} not in {list(oc.head_dims)}")
+    for name, d in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
+        if d is not None and oc.head_dims is not None and d not in oc.head_dims:
+            why.append(f"{name} {d} not in {_span(oc.head_dims)}")
     if block_size is not None and oc.block_sizes is not None and block_size not in oc.block_sizes:
-        why.append(f"block_size {block_size} not in {list(oc.block_sizes)}")
+        why.append(f"block_size {block_size} not in {_span(oc.block_sizes)}")
     if group is not None and oc.max_group is not None and group > oc.max_group:
         why.append(f"group size {group} > {oc.max_group}")
     if group is not None and oc.max_rows is not None and group * q_len > oc.max_rows:

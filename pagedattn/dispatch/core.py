@@ -186,10 +186,11 @@ def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[
            partition_size: Optional[int] = None, num_cus: Optional[int] = None,
            interpret: bool = False, backend: str = "auto", forced_by: str = "backend=",
            rejected: Tuple[Tuple[str, Tuple[str, ...]], ...] = (),
-           checked: Tuple[V.Check, ...] = ()) -> Decision:
+           checked: Tuple[V.Check, ...] = (), head_dim_v: Optional[int] = None) -> Decision:
     """The backend, variant and parameters for one call, from plain facts (pure, cached).
 
     arch: ``detect_arch()``'s string. dtype: q's dtype; kv_dtype: the cache's (default dtype).
+    head_dim, head_dim_v: K's and V's head dims (head_dim_v default head_dim).
     group: num_q_heads / num_kv_heads. features: names from ``capabilities.FEATURES``.
     q_len: decode query tokens per sequence (> 1: speculative decoding).
     num_seqs, num_kv_heads, max_seq_len: the decode variant's inputs (None = unknown).
@@ -219,14 +220,18 @@ def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[
     short = None if max_seq_len is None else max_seq_len <= part
     if q_len > 1:
         features |= {"spec_decode"}
-    return _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, features,
-                   int(q_len), fills, short, partition_size, cus, bool(interpret), backend, forced_by,
-                   tuple(rejected), tuple(checked))
+    if head_dim_v is None:
+        head_dim_v = head_dim
+    elif head_dim is not None and head_dim_v != head_dim:
+        features |= {"head_dim_v"}
+    return _select(op, arch, dtype, kv_dtype, head_dim, head_dim_v, block_size, group, layout,
+                   features, int(q_len), fills, short, partition_size, cus, bool(interpret),
+                   backend, forced_by, tuple(rejected), tuple(checked))
 
 
 @functools.lru_cache(maxsize=4096)
-def _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, features, q_len,
-            fills, short, partition_size, cus, interpret, backend, forced_by, rejected,
+def _select(op, arch, dtype, kv_dtype, head_dim, head_dim_v, block_size, group, layout, features,
+            q_len, fills, short, partition_size, cus, interpret, backend, forced_by, rejected,
             checked) -> Decision:
     facts = arch_facts(arch)._replace(num_cus=cus)
     f = dict(group=group, block_size=block_size, features=features, fills=fills, short=short,
@@ -236,7 +241,8 @@ def _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, feat
     def why_not(name):
         return C.unsupported(name, op, facts, dtype=dtype, kv_dtype=kv_dtype, head_dim=head_dim,
                              block_size=block_size, group=group, layout=layout,
-                             features=features, interpret=interpret, q_len=q_len) \
+                             features=features, interpret=interpret, q_len=q_len,
+                             head_dim_v=head_dim_v) \
             + list(late.get(name, ()))
 
     def decide(name, notes):
@@ -331,13 +337,16 @@ def call_facts(op: str, *, q=None, k_cache=None, layout=None, geom=None, opts=No
     if op == "extend_attention":
         features |= {n for n, on in (("non_causal", causal is False), ("k_new", k_new is not None),
                                      ("tree_mask", custom_mask is not None)) if on}
+    if geom is not None and geom.head_dim_v != geom.head_dim and op != "copy_blocks":
+        features.add("head_dim_v")
     group = q.shape[-2] // geom.num_kv_heads if attn and q is not None and geom else None
     bs = geom.block_size if geom else None
     return dict(
         arch=facts.arch, num_cus=facts.num_cus,
         dtype=(q.dtype if q is not None else None) if op != "copy_blocks" else None,
         kv_dtype=k_cache.dtype if k_cache is not None else None,
-        head_dim=geom.head_dim if geom else None, block_size=bs, group=group, layout=layout,
+        head_dim=geom.head_dim if geom else None,
+        head_dim_v=geom.head_dim_v if geom else None, block_size=bs, group=group, layout=layout,
         features=frozenset(features),
         q_len=q.shape[1] if op == "paged_decode" and q is not None and q.dim() == 4 else 1,
         num_seqs=q.shape[0] if op == "paged_decode" and q is not None else None,

@@ -95,8 +95,12 @@ def supports(op: str, **facts) -> List[str]:
     if geom is not None:
         if geom.head_dim not in HEAD_DIMS:
             why.append(f"head_dim {geom.head_dim} (supports {HEAD_DIMS})")
-        if geom.block_size < 16:
-            why.append(f"block_size {geom.block_size} (needs >= 16)")
+        if geom.head_dim_v != geom.head_dim:
+            why.append(f"head_dim_v {geom.head_dim_v} differs from head_dim {geom.head_dim} "
+                       "(K and V share one head dim here)")
+        bs = geom.block_size
+        if bs < 16 or bs & (bs - 1):
+            why.append(f"block_size {bs} (needs a power of 2 >= 16)")
     if opts is not None:
         for name in ("sinks", "logit_cap", "alibi_slopes", "sliding_window"):
             if getattr(opts, name) is not None:

@@ -17,7 +17,8 @@ def _max2(a, b):
 def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     v_scale_ptr, sinks_ptr,  # float32 [Hkv], [Hq] or dummies
                     out_ptr, lse_ptr,  # [B, LQ, Hq, D], float32 [B, LQ, Hq]
-                    ws_ml_ptr, ws_o_ptr,  # float32 [B, Hkv, P, R, 2], [B, Hkv, P, R, D]
+                    # float32 [B, Hkv * HSPLIT, P, R, 2], [B, Hkv * HSPLIT, P, R, D]
+                    ws_ml_ptr, ws_o_ptr,
                     err_ptr,  # int32 [1] (HAS_ERR) or a dummy
                     Hq, LQ, P, PART, NB, FILL_N, SLOTS, FINE, BT_W, BS,
                     stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
@@ -26,10 +27,12 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     C_STAGES: tl.constexpr, PDL: tl.constexpr,
                     HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
                     RETURN_LSE: tl.constexpr, BAL: tl.constexpr, NB_BLOCK: tl.constexpr,
-                    GUARD: tl.constexpr, HAS_ERR: tl.constexpr):
+                    GUARD: tl.constexpr, HAS_ERR: tl.constexpr, HSPLIT: tl.constexpr):
     """Merge the partition states of one output row in partition order (``_decode_state.merge``,
     the one-pass loop's arithmetic) and write out/lse.
 
+    D here is V's head dim (the output's). Axis 0 is the decode kernel's (KV head, row chunk)
+    with HSPLIT chunks of R rows per KV head; row r of chunk c is group row c * R + r.
     grid: (Hkv, B, R * DSPLIT): program (r, dc) merges columns [dc, dc + 1) * BLOCK_D / DSPLIT
     of row r (the merge is elementwise in d; every program recomputes the row's scalars, the
     same numbers); sequences with a single partition were finished by _decode_kernel, and
@@ -46,7 +49,8 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
     program starts while the decode grid drains and waits (griddepcontrol.wait) only before
     its first workspace read; seq_lens is an input, safe to read before.
     """
-    h = tl.program_id(0)
+    hv = tl.program_id(0)
+    h = hv // HSPLIT  # the KV head
     s = tl.program_id(1).to(tl.int64)
     r = tl.program_id(2) // DSPLIT
     dc = tl.program_id(2) % DSPLIT
@@ -67,19 +71,20 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
             # a program with nothing to merge reads no workspace and exits at once (a one-pass
             # batch launches this grid for nothing); program 0 still waits, so that this grid
             # ends after the decode grid (the stream's next kernel relies on it)
-            first = (h == 0) & (s == 0) & (tl.program_id(2) == 0)
+            first = (hv == 0) & (s == 0) & (tl.program_id(2) == 0)
             if (n_parts > 1) | first:
                 gdc_wait()
         else:
             gdc_wait()  # every write of the decode grid is visible past this point
-    if n_parts > 1:
+    gr = (hv % HSPLIT) * R + r  # the group row
+    if (n_parts > 1) & (gr < G * LQ):
         BLOCK_DC: tl.constexpr = BLOCK_D // DSPLIT
         d = dc * BLOCK_DC + tl.arange(0, BLOCK_DC)
         d_mask = d < D
         v_scale = 1.0
         if HAS_KV_SCALE:
             v_scale = tl.load(v_scale_ptr + h)
-        row0 = ((s * tl.num_programs(0) + h) * P) * R + r
+        row0 = ((s * tl.num_programs(0) + hv) * P) * R + r
         # every per-partition scalar is broadcast over the group's [UNROLL, BLOCK_DC] tile: with
         # one warp a thread then holds all UNROLL rows of its columns, so the running maxima (a
         # scan along axis 0) and pulling row u out (a sum with zeros along axis 0) stay inside
@@ -126,8 +131,8 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
         big_m = tl.max(big_m, axis=1)
         big_l = tl.max(big_l, axis=1)
         one = tl.arange(0, 1)
-        qi = one * 0 + r // G
-        qh = one * 0 + h * G + r % G
+        qi = one * 0 + gr // G
+        qh = one * 0 + h * G + gr % G
         sink = tl.zeros((1,), tl.float32)
         if HAS_SINK:
             sink = tl.load(sinks_ptr + qh)

@@ -11,11 +11,15 @@ from pagedattn.reference import FP8_DTYPES
 # 4 warps, 3 stages: on the H200 16-token tiles run (8, 8192) 32/8 in one wave (69 against 84 us)
 # but lose 1.6x at (1, 4096) and 3-4 % at (1, 32768) and (64, 4096). AMD and DCU: one stage
 # (no cp.async pipelining there).
+# Tiles wider than 256 columns (K 512 or 576 = 512 + 64 with the tail tile, MLA's V 512) hold
+# at most 16 rows (decode._head_split): 8 warps keep the q, K and acc tiles in registers.
 _CONFIGS = {
     "nvidia": {(128, 16): (32, 4, 3), (128, 64): (64, 4, 3), (128, 256): (32, 8, 2),
-               (256, 16): (32, 4, 2), (256, 64): (32, 4, 2), (256, 256): (16, 8, 2)},
+               (256, 16): (32, 4, 2), (256, 64): (32, 4, 2), (256, 256): (16, 8, 2),
+               (1024, 16): (32, 8, 2)},
     "amd": {(128, 16): (64, 4, 1), (128, 64): (64, 4, 1), (128, 256): (32, 8, 1),
-            (256, 16): (32, 4, 1), (256, 64): (32, 4, 1), (256, 256): (16, 8, 1)},
+            (256, 16): (32, 4, 1), (256, 64): (32, 4, 1), (256, 256): (16, 8, 1),
+            (1024, 16): (16, 8, 1)},
 }
 # fp8 caches (1 byte per element), rows <= 16, D <= 128: tiles of 128 tokens, 4x the 16-bit tile's
 # tokens, twice its bytes. On the H200, with fp16 dots (_f16_dot), 1.05-1.84x faster than 32-token
@@ -57,7 +61,7 @@ def _combine_config(block_d, n_part_max):
 def _config(block_d, rows, kv_bytes, device):
     fam = _TORCH_TO_FAMILY[bool(getattr(torch.version, "hip", None))]
     bucket = 16 if rows <= 16 else 64 if rows <= 64 else 256
-    key = (128 if block_d <= 128 else 256, bucket)
+    key = (_width_key(block_d), bucket)
     if kv_bytes == 1 and (fam, key) in _FP8_CONFIGS:
         block_n, warps, stages = _FP8_CONFIGS[(fam, key)]
         # Triton keeps stages - 1 K/V tiles in shared memory (sm_90, triton 3.6: 72 KB at 3
@@ -71,6 +75,11 @@ def _config(block_d, rows, kv_bytes, device):
     return _CONFIGS[fam][key]
 
 
+def _width_key(width):
+    """The config table's width bucket of a tile width (columns of the widest tile row)."""
+    return 128 if width <= 128 else 256 if width <= 256 else 1024
+
+
 def bal_maxnreg(block_d, rows, kv_bytes):
     """The register cap of the balanced 16-bit launch for this config (:data:`_BAL_MAXNREG`),
     or None (no cap: fp8 caches, AMD, other buckets)."""
@@ -78,7 +87,7 @@ def bal_maxnreg(block_d, rows, kv_bytes):
         return None
     import triton
     bucket = 16 if rows <= 16 else 64 if rows <= 64 else 256
-    key = ("nvidia", (128 if block_d <= 128 else 256, bucket), triton.__version__[:4])
+    key = ("nvidia", (_width_key(block_d), bucket), triton.__version__[:4])
     return _BAL_MAXNREG.get(key)
 
 

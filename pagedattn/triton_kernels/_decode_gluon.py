@@ -103,6 +103,10 @@ def unsupported(call, ks, vs, rows: int, part: int, block_n: int) -> list:
         why.append("q, caches and out must share one 16-bit dtype")
     if g.head_dim not in (64, 128):
         why.append(f"head_dim {g.head_dim} not 64 or 128")
+    if g.head_dim_v != g.head_dim:
+        why.append(f"head_dim_v {g.head_dim_v} differs from head_dim {g.head_dim}")
+    if g.block_size & (g.block_size - 1):
+        why.append(f"block_size {g.block_size} not a power of 2")
     if rows > BLOCK_M:
         why.append(f"group * q_len = {rows} rows > {BLOCK_M}")
     if o.sliding_window is not None or o.logit_cap is not None or o.alibi_slopes is not None \

@@ -56,6 +56,21 @@ def _bad_ids(bt_row_ptr, pg_lo, pg_hi, nblk, SCAN: tl.constexpr):
 
 
 @triton.jit
+def _fp16_q2(q, q2, HAS_TAIL: tl.constexpr):
+    """:func:`_fp16_q` of a q split into a main tile and a tail tile (HAS_TAIL; else q2 is
+    passed through): one exponent for both, so the two dots share one logit scale."""
+    qf = q.to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(qf), axis=1), axis=0)
+    q2f = q2.to(tl.float32)
+    if HAS_TAIL:
+        amax = tl.maximum(amax, tl.max(tl.max(tl.abs(q2f), axis=1), axis=0))
+    e = tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 141, 0)  # 127 + 14
+    down = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, exact
+    up = ((127 + e) << 23).to(tl.float32, bitcast=True)  # 2^e
+    return (qf * down).to(tl.float16), (q2f * down).to(tl.float16), up
+
+
+@triton.jit
 def _fp16_q(q):
     """(q * 2^-e in fp16, 2^e) for a bf16 q tile over an fp8 cache (F16_DOT, decode._f16_dot).
 
@@ -75,7 +90,8 @@ def _fp16_q(q):
 
 
 @triton.jit
-def _attend(q, t_lo, t_hi, blk_n, l0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
+def _attend(q, q2, t_lo, t_hi, blk_n, l0, h, pos, slope2, d, d_mask, d2, d2_mask, dv, dv_mask,
+            bt_row_ptr, k_ptr, v_ptr,
             qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
             stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64,
             stride_kdh: tl.int64, stride_kdl: tl.int64,
@@ -87,7 +103,9 @@ def _attend(q, t_lo, t_hi, blk_n, l0, h, pos, slope2, d, d_mask, bt_row_ptr, k_p
             PART: tl.constexpr, ONE_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
             PARK: tl.constexpr, R: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
             HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-            IEEE: tl.constexpr, LAZY_L: tl.constexpr):
+            IEEE: tl.constexpr, LAZY_L: tl.constexpr, HAS_TAIL: tl.constexpr,
+            BLOCK_DT: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+            V_IS_K: tl.constexpr):
     """Online softmax of the group rows over keys [t_lo, t_hi), one tile of STEP keys at a time.
     A guarded caller checked every block id of [t_lo, t_hi) first (:func:`_bad_ids`); when one
     is outside the cache (or the length is invalid) it passes an empty range and l0 = NaN (the
@@ -106,14 +124,18 @@ def _attend(q, t_lo, t_hi, blk_n, l0, h, pos, slope2, d, d_mask, bt_row_ptr, k_p
     (log2 domain); acc [BLOCK_M, BLOCK_D] float32. LAZY_L (``decode._lazy_rowsum``): the row sums
     stay per key lane ([BLOCK_M, BLOCK_N], rescaled like acc) and are summed over the lanes only
     at a partition's end: the tiles then cross warps once (the row max), not twice.
+    HAS_TAIL: K's head dim is a main tile d [BLOCK_D] and a tail tile d2 [BLOCK_DT] (576 =
+    512 + 64; q2 [BLOCK_M, BLOCK_DT] is q's tail), two dots summed, instead of one tile padded
+    to the next power of 2. V is dv [BLOCK_DV] wide (acc [BLOCK_M, BLOCK_DV]); V_IS_K: V is
+    the K cache's first DV = BLOCK_D columns (MLA's latent cache), so the K tile is V's.
     """
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32) + l0
     l_v = tl.zeros((BLOCK_M, BLOCK_N), tl.float32) + l0
-    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     big_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     big_l = tl.zeros((BLOCK_M,), tl.float32) + l0
-    big_a = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    big_a = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     # NOTE the block ids of tile t+1 are loaded in iteration t: when the K/V addresses of a tile
     # depend on an id loaded in the same iteration, the pipeliner drains every copy at the top
@@ -132,6 +154,15 @@ def _attend(q, t_lo, t_hi, blk_n, l0, h, pos, slope2, d, d_mask, bt_row_ptr, k_p
             s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_M, BLOCK_N]
         else:
             s = tl.dot(q, tl.trans(k))
+        if HAS_TAIL:  # K's columns [BLOCK_D, D): one more dot, summed
+            k2_off = kv_offset(blk_n, tok[:, None], h, d2[None, :], stride_kb, stride_kt,
+                               stride_kh, stride_kdh, stride_kdl, K_X, K_SPLIT, K_LO_ONE)
+            k2 = tl.load(k_ptr + k2_off, mask=j_ok[:, None] & d2_mask[None, :],
+                         other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_DT]
+            if IEEE:
+                s += tl.dot(q2, tl.trans(k2), input_precision="ieee")
+            else:
+                s += tl.dot(q2, tl.trans(k2))
         if HAS_CAP:
             s = soft_cap(s * qk_scale, cap) * 1.4426950408889634
         else:
@@ -151,9 +182,13 @@ def _attend(q, t_lo, t_hi, blk_n, l0, h, pos, slope2, d, d_mask, bt_row_ptr, k_p
             m_i = m_new
         else:
             m_i, l_i, alpha, p = online_softmax_step(m_i, l_i, s)
-        v_off = kv_offset(blk_n, tok[:, None], h, d[None, :], stride_vb, stride_vt,
-                          stride_vh, stride_vdh, stride_vdl, BLOCK_D, False, V_LO_ONE)
-        v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+        if V_IS_K:  # the latent cache's first DV columns: the K tile already holds them
+            v = k
+        else:
+            v_off = kv_offset(blk_n, tok[:, None], h, dv[None, :], stride_vb, stride_vt,
+                              stride_vh, stride_vdh, stride_vdl, BLOCK_DV, False, V_LO_ONE)
+            v = tl.load(v_ptr + v_off, mask=j_ok[:, None] & dv_mask[None, :],
+                        other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_DV]
         blk_n = _tile_block_ids(bt_row_ptr, start + STEP, t_hi, offs_n, BS, ONE_BLOCK)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
@@ -171,11 +206,11 @@ def _attend(q, t_lo, t_hi, blk_n, l0, h, pos, slope2, d, d_mask, bt_row_ptr, k_p
                     big_m, big_l, big_a = _merge(big_m, big_l, big_a, m_i, l_i, acc)
                 else:
                     _park(ws_ml_ptr, ws_o_ptr, ws_row0 + ((end - 1) // PART) * R + rows, row_ok,
-                          m_i, l_i, acc, d, d_mask, D)
+                          m_i, l_i, acc, dv, dv_mask, DV)
                 m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
                 l_i = tl.zeros((BLOCK_M,), tl.float32)
                 l_v = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-                acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+                acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     if ONE_PASS:
         return big_m, big_l, big_a
     else:
@@ -211,10 +246,10 @@ def _decode_kernel(
         seq_lens_ptr,  # int32 [B]
         k_scale_ptr, v_scale_ptr,  # float32 [Hkv] (fp8 caches) or dummies
         slopes_ptr, sinks_ptr,  # float32 [Hq] or dummies
-        out_ptr,  # [B, LQ, Hq, D]
+        out_ptr,  # [B, LQ, Hq, DV]
         lse_ptr,  # float32 [B, LQ, Hq]
-        ws_ml_ptr,  # float32 [B, Hkv, P, R, 2]: (m_p, l_p) per partition and row
-        ws_o_ptr,  # float32 [B, Hkv, P, R, D]: acc_p (unnormalised)
+        ws_ml_ptr,  # float32 [B, Hkv * HSPLIT, P, R, 2]: (m_p, l_p) per partition and row
+        ws_o_ptr,  # float32 [B, Hkv * HSPLIT, P, R, DV]: acc_p (unnormalised)
         err_ptr,  # int32 [1]: guarded rows are counted here (HAS_ERR), else a dummy
         scale, cap, window, Hq, LQ, P, BT_W, PPP, NB, FILL_N, SLOTS, FINE, NBLK,
         stride_qb: tl.int64, stride_qt: tl.int64, stride_qh: tl.int64,
@@ -232,13 +267,17 @@ def _decode_kernel(
         HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
         HAS_KV_SCALE: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE: tl.constexpr,
         F16_DOT: tl.constexpr, BAL: tl.constexpr, NB_BLOCK: tl.constexpr, GUARD: tl.constexpr,
-        HAS_ERR: tl.constexpr):
+        HAS_ERR: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr,
+        BLOCK_DT: tl.constexpr, V_IS_K: tl.constexpr, HSPLIT: tl.constexpr):
     # Preconditions (launcher): BT_W * BS and NBLK * the block stride fit their types; q, out,
     # caches and workspace hold the shapes above. GUARD: the device metadata is not trusted: a
     # length outside {0} u [LQ, BT_W * BS] runs as 0, and a program whose keys' block ids are
     # not all in [0, NBLK) reads no tile; either makes the sequence's rows NaN (out and lse),
     # counted in err_ptr. Nothing outside the given tensors is read or written whatever the
     # metadata holds.
+    # Head dims: q and K are D wide (a BLOCK_D tile, plus a BLOCK_DT tail tile when HAS_TAIL),
+    # V and out DV (BLOCK_DV). Axis 0 is (KV head, row chunk): HSPLIT programs per KV head, each
+    # owning R of the group's G * LQ rows (decode._head_split); "Hkv" below counts them.
     # grid: (Hkv, B, P) in split mode (axis 2 = partition), (Hkv, B, 1) in one-pass mode;
     # split with MULTI: (Hkv, B, cdiv(P, PPP)), program p owns partitions [p * PPP, p * PPP + PPP)
     # balanced (BAL): (Hkv, B + decode._balance_extra, 1): program y < B runs sequence y's first
@@ -246,7 +285,8 @@ def _decode_kernel(
     # NB, FILL_N, SLOTS, FINE); share a owns partitions [a * ppp, a * ppp + ppp)
     if PDL:  # the combine launch may start now; it waits for this grid before reading
         gdc_launch_dependents()
-    h = tl.program_id(0)
+    hv = tl.program_id(0)
+    h = hv // HSPLIT  # the KV head
     y = tl.program_id(1)
     s = y.to(tl.int64)
     if BAL:  # an extra share's sequence comes from the plan (below)
@@ -260,18 +300,28 @@ def _decode_kernel(
     if GUARD:
         seq_len, len_ok = valid_len(seq_len, CAP, LQ)
         bad_len = len_ok == 0
-    rows = tl.arange(0, BLOCK_M)  # row r = (query token r // G, head h*G + r % G)
-    row_ok = rows < R
-    qi = rows // G
-    qh = h * G + rows % G
+    rows = tl.arange(0, BLOCK_M)
+    gr = (hv % HSPLIT) * R + rows  # group row = (query token gr // G, head h*G + gr % G)
+    row_ok = (rows < R) & (gr < G * LQ)
+    qi = gr // G
+    qh = h * G + gr % G
     d = tl.arange(0, BLOCK_D)
     d_mask = d < D
+    d2 = BLOCK_D + tl.arange(0, BLOCK_DT)  # the tail tile's columns (HAS_TAIL)
+    d2_mask = d2 < D
+    dv = tl.arange(0, BLOCK_DV)
+    dv_mask = dv < DV
     q_off = qi[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :]
+    q2_off = qi[:, None] * stride_qt + qh[:, None] * stride_qh + d2[None, :]
     q_ok = row_ok[:, None] & d_mask[None, :]
-    q_pre = q_ok
+    q_pre = row_ok
     if BAL:  # an extra program loads nothing before the plan gives its sequence
-        q_pre = (rows < tl.where(y < NB, R, 0))[:, None] & d_mask[None, :]
-    q = tl.load(q_ptr + s * stride_qb + q_off, mask=q_pre, other=0.0)
+        q_pre = row_ok & (rows < tl.where(y < NB, BLOCK_M, 0))
+    q = tl.load(q_ptr + s * stride_qb + q_off, mask=q_pre[:, None] & d_mask[None, :], other=0.0)
+    q2 = tl.zeros((BLOCK_M, BLOCK_DT), q.dtype)
+    if HAS_TAIL:
+        q2 = tl.load(q_ptr + s * stride_qb + q2_off, mask=q_pre[:, None] & d2_mask[None, :],
+                     other=0.0)
     STEP: tl.constexpr = BLOCK_N if BLOCK_N <= PART else PART  # keys per tile
     if BAL:
         # a first share starts at the first visible tile: its ids load before the plan arrives
@@ -284,6 +334,9 @@ def _decode_kernel(
                                                      PART, CAP, LQ, NB_BLOCK)
         if y >= NB:  # an extra share (of a valid sequence): its sequence's q
             q = tl.load(q_ptr + s * stride_qb + q_off, mask=q_ok, other=0.0)
+            if HAS_TAIL:
+                q2 = tl.load(q_ptr + s * stride_qb + q2_off,
+                             mask=row_ok[:, None] & d2_mask[None, :], other=0.0)
             if GUARD:
                 bad_len = y < 0
     n_parts = tl.maximum((seq_len + PART - 1) // PART, 1)
@@ -294,7 +347,7 @@ def _decode_kernel(
         qk_scale = qk_scale * tl.load(k_scale_ptr + h)
         v_scale = tl.load(v_scale_ptr + h)
     if F16_DOT:  # bf16 q over an fp8 cache: the dots run in fp16 (see _fp16_q)
-        q, q_mul = _fp16_q(q)
+        q, q2, q_mul = _fp16_q2(q, q2, HAS_TAIL)
         qk_scale = qk_scale * q_mul
     if not HAS_CAP:
         qk_scale = qk_scale * 1.4426950408889634
@@ -305,7 +358,7 @@ def _decode_kernel(
     if HAS_SINK:
         sink = tl.load(sinks_ptr + qh, mask=row_ok, other=0.0)
     bt_row_ptr = block_table_ptr + s * stride_bt
-    ws_row0 = ((s * tl.num_programs(0) + h) * P) * R  # int64: (s, h, partition 0, row 0)
+    ws_row0 = ((s * tl.num_programs(0) + hv) * P) * R  # int64: (s, hv, partition 0, row 0)
     first = first_tile(seq_len, LQ, window, HAS_WINDOW, STEP)  # the first with a visible key
     if ONE_PASS:
         p = 0
@@ -318,14 +371,14 @@ def _decode_kernel(
         if HAS_WINDOW:  # partitions wholly before the window: neutral states
             if n_parts > 1:
                 park_neutral(ws_ml_ptr, ws_o_ptr, ws_row0, p, tl.minimum(first // PART, p + PPP),
-                             rows, row_ok, d, d_mask, R, D, BLOCK_M, BLOCK_D)
+                             rows, row_ok, dv, dv_mask, R, DV, BLOCK_M, BLOCK_DV)
     elif BAL:
         t_lo = tl.maximum(p * PART, first)  # (p, pp, whole: balanced_share)
         t_hi = tl.minimum((p + pp) * PART, seq_len)
         if HAS_WINDOW:  # a share's partitions wholly before the window: neutral states
             if not whole:
                 park_neutral(ws_ml_ptr, ws_o_ptr, ws_row0, p, tl.minimum(first // PART, p + pp),
-                             rows, row_ok, d, d_mask, R, D, BLOCK_M, BLOCK_D)
+                             rows, row_ok, dv, dv_mask, R, DV, BLOCK_M, BLOCK_DV)
     else:
         p = tl.program_id(2)
         t_lo = tl.maximum(p * PART, first)
@@ -349,29 +402,32 @@ def _decode_kernel(
         if BAL:  # one loop per kind of program, each with its launch shape's registers
             if whole:  # the one-pass loop
                 m, l, acc = _attend(
-                    q, t_lo, t_hi, blk0, l0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
+                    q, q2, t_lo, t_hi, blk0, l0, h, pos, slope2, d, d_mask, d2, d2_mask, dv, dv_mask,
+                    bt_row_ptr, k_ptr, v_ptr,
                     qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok,
                     n_parts, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
                     stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
                     V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, True, False,
-                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L)
+                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L, HAS_TAIL, BLOCK_DT, DV, BLOCK_DV, V_IS_K)
             else:  # a share: the split loop, parking every partition (n_parts > 1 here)
                 m, l, acc = _attend(
-                    q, t_lo, t_hi, blk0, l0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
+                    q, q2, t_lo, t_hi, blk0, l0, h, pos, slope2, d, d_mask, d2, d2_mask, dv, dv_mask,
+                    bt_row_ptr, k_ptr, v_ptr,
                     qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok,
                     n_parts, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
                     stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
                     V_LO_ONE, BS, BLOCK_M, BLOCK_N, BLOCK_D, STEP, PART, ONE_BLOCK, False, True,
-                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L)
+                    R, D, CAUSAL, HAS_WINDOW, HAS_CAP, HAS_ALIBI, IEEE, LAZY_L, HAS_TAIL, BLOCK_DT, DV, BLOCK_DV, V_IS_K)
         else:
             m, l, acc = _attend(
-                q, t_lo, t_hi, blk0, l0, h, pos, slope2, d, d_mask, bt_row_ptr, k_ptr, v_ptr,
+                q, q2, t_lo, t_hi, blk0, l0, h, pos, slope2, d, d_mask, d2, d2_mask, dv, dv_mask,
+                    bt_row_ptr, k_ptr, v_ptr,
                 qk_scale, cap, window, ws_ml_ptr, ws_o_ptr, ws_row0, rows, row_ok, n_parts,
                 stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt,
                 stride_vh,
                 stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, BS, BLOCK_M, BLOCK_N,
                 BLOCK_D, STEP, PART, ONE_BLOCK, ONE_PASS, MULTI, R, D, CAUSAL, HAS_WINDOW, HAS_CAP,
-                HAS_ALIBI, IEEE, LAZY_L)
+                HAS_ALIBI, IEEE, LAZY_L, HAS_TAIL, BLOCK_DT, DV, BLOCK_DV, V_IS_K)
         if GUARD:
             if MULTI or BAL:  # partitions the loop would have parked: l is NaN
                 n_mine = PPP
@@ -384,16 +440,16 @@ def _decode_kernel(
         if BAL:
             if whole:
                 o, lse2 = finalize_state(m, l, acc, sink, HAS_SINK)
-                _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok,
-                            d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE,
+                _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, dv, row_ok, row_ok,
+                            dv_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE,
                             HAS_ERR)
         elif ONE_PASS or n_parts == 1:
             if not ONE_PASS:  # the state one-pass would hold: one merge into the empty state
                 m, l, acc = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32),
                                    tl.zeros((BLOCK_M,), tl.float32),
-                                   tl.zeros((BLOCK_M, BLOCK_D), tl.float32), m, l, acc)
+                                   tl.zeros((BLOCK_M, BLOCK_DV), tl.float32), m, l, acc)
             o, lse2 = finalize_state(m, l, acc, sink, HAS_SINK)
-            _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, d, row_ok, row_ok, d_mask,
+            _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, dv, row_ok, row_ok, dv_mask,
                         v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE, HAS_ERR)
         elif not MULTI:  # park (m_p, l_p, acc_p) for the combine (MULTI parked in the loop)
-            _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, d, d_mask, D)
+            _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, dv, dv_mask, DV)

@@ -54,6 +54,10 @@ def unsupported(call, ks, vs, family: str, group_p: int, max_q: int) -> list:
         why.append("q, caches and out must share one 16-bit dtype")
     if g.head_dim not in (64, 128):
         why.append(f"head_dim {g.head_dim} not 64 or 128")
+    if g.head_dim_v != g.head_dim:
+        why.append(f"head_dim_v {g.head_dim_v} differs from head_dim {g.head_dim}")
+    if g.block_size & (g.block_size - 1):
+        why.append(f"block_size {g.block_size} not a power of 2")
     if call.k_new is not None or call.custom_mask is not None:
         why.append("k_new/v_new or a custom mask")
     if o.sliding_window is not None or o.logit_cap is not None or o.alibi_slopes is not None \

@@ -156,7 +156,8 @@ _DECODE_KNOBS_KEY = config.names(*DECODE_KNOBS)
 
 def decode_key(call, overrides, current):
     """Everything decode.run's launches depend on besides the tensors' data (``overrides``: the
-    decode module's test overrides, FORCE_MODE, PPP and BALANCE)."""
+    decode module's test overrides, FORCE_MODE, PPP and BALANCE). V starting where K does
+    (an MLA latent cache's view) selects the kernel that reads V out of the K tile."""
     q, k, v, bt, out, o = call.q, call.k_cache, call.v_cache, call.block_table, call.out, call.opts
     own = (q, k, v, bt, call.seq_lens, out, o.k_scale, o.v_scale, o.alibi_slopes, o.sinks,
            call.errors)
@@ -164,7 +165,7 @@ def decode_key(call, overrides, current):
             v.dtype, bt.shape, bt.stride(), call.seq_lens.shape, out.stride(), out.dtype,
             call.layout, o.scale, o.sliding_window, o.logit_cap, call.partition_size,
             call.return_lse, q.device, current, overrides,
-            alignment(*own), aliasing(*own),
+            alignment(*own), aliasing(*own), v.data_ptr() == k.data_ptr(),
             config.values(_DECODE_KNOBS_KEY))
 
 

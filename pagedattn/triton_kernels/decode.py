@@ -98,16 +98,50 @@ def default_partition_size(group):
 
 
 def unsupported(q=None, k_cache=None, geom=None, **_):
-    """Reasons this kernel cannot serve the call ([] = it can)."""
-    why = []
-    if q is not None and geom is not None:
-        lq = 1 if q.dim() == 3 else q.shape[1]
-        rows = (q.shape[-2] // geom.num_kv_heads) * lq
-        if rows > MAX_ROWS:
-            why.append(f"group*q_len = {rows} rows exceeds {MAX_ROWS}")
-        if geom.head_dim > 256:
-            why.append(f"head_dim {geom.head_dim} > 256")
-    return why
+    """Reasons this kernel cannot serve the call ([] = it can): none; every head dim the public
+    op accepts (1..576, K and V apart), block size, group and q_len runs (:func:`head_tiles`,
+    :func:`_head_split`)."""
+    return []
+
+
+# K widths past this take a power-of-2 main tile and a tail tile instead of one padded tile
+TAIL_FROM = 256
+# query rows one program holds when a head dim is wider than TAIL_FROM (q and acc tiles of
+# 576 and 512 columns: 16 rows is what SGLang's MLA decode holds, BLOCK_H 16)
+WIDE_ROWS = 16
+
+
+def head_tiles(d: int):
+    """(BLOCK_D, BLOCK_DT, has_tail) of a K head dim d: one tile of the next power of 2 >= 16,
+    or for d > TAIL_FROM that is not a power of 2, the largest power of 2 below d and a tail tile
+    of the next power of 2 >= 16 of the rest when the two are narrower (576 = 512 + 64, not
+    1024). Masked lanes are never read."""
+    full = max(16, next_pow2(d))
+    if d > TAIL_FROM and full != d:
+        main = full // 2
+        tail = max(16, next_pow2(d - main))
+        if main + tail < full:
+            return main, tail, True
+    return full, 16, False
+
+
+def _head_split(rows: int, width: int):
+    """(HSPLIT, R): programs per KV head and rows each when the group's rows do not fit one
+    program (more than MAX_ROWS, or more than WIDE_ROWS with tiles wider than TAIL_FROM
+    columns). Every chunk holds the same number of rows; a function of the model only."""
+    cap = WIDE_ROWS if width > TAIL_FROM else MAX_ROWS
+    hsplit = -(-rows // cap)
+    return hsplit, -(-rows // hsplit)
+
+
+def _v_is_k(call, ks, vs, block_d, has_tail):
+    """Whether V is the K cache's first head_dim_v = BLOCK_D columns (MLA's latent cache with
+    v_cache=None, or an equal view): the kernel then takes V from the K tile it loaded."""
+    g = call.geom
+    return (has_tail and g.head_dim_v == block_d and not ks.dim_hi
+            and call.v_cache.data_ptr() == call.k_cache.data_ptr()
+            and call.v_cache.dtype == call.k_cache.dtype
+            and (ks.block, ks.token, ks.head, ks.dim_lo) == (vs.block, vs.token, vs.head, vs.dim_lo))
 
 
 def _slots(smem, warps, device, regs=None):
@@ -246,26 +280,31 @@ def run(call):
     q4 = q if q.dim() == 4 else q.unsqueeze(1)  # views: strides kept
     out4 = out if out.dim() == 4 else out.unsqueeze(1)
     nb, lq, hq, d = q4.shape
+    dv = g.head_dim_v
     hkv, bs = g.num_kv_heads, g.block_size
     group = hq // hkv
     rows = group * lq
     part = call.partition_size or default_partition_size(group)
-    block_d = max(16, next_pow2(d))
-    block_m = max(16, next_pow2(rows))
-    cfg = _config(block_d, rows, call.k_cache.element_size(), dev)
+    block_d, block_dt, has_tail = head_tiles(d)
+    block_dv = max(16, next_pow2(dv))
+    width = max(block_d + (block_dt if has_tail else 0), block_dv)
+    hsplit, rc = _head_split(rows, width)  # rc: rows per program
+    hkv_p = hkv * hsplit  # programs per sequence on axis 0
+    block_m = max(16, next_pow2(rc))
+    cfg = _config(width, rc, call.k_cache.element_size(), dev)
     block_n, num_warps, num_stages = cfg
     if dev.type != "cuda":  # interpreter: small tiles so tiny test sequences still span several
         block_n = 16
     block_n = min(block_n, max(16, part))
     n_part_max = max(1, triton.cdiv(call.block_table.shape[1] * bs, part))  # host bound, no sync
-    c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_d, n_part_max)
+    c_unroll, c_warps, c_dsplit, c_stages = _combine_config(block_dv, n_part_max)
     ks, vs = L.k_strides(call.k_cache, call.layout), L.v_strides(call.v_cache, call.layout)
     f32 = dict(dtype=torch.float32, device=dev)
     dummy = torch.empty(1, **f32)  # the pointer of every disabled input/output: never touched
     lse = torch.empty((nb, lq, hq), **f32) if call.return_lse else dummy
     if n_part_max > 1:
-        ws_ml = torch.empty((nb, hkv, n_part_max, rows, 2), **f32)
-        ws_o = torch.empty((nb, hkv, n_part_max, rows, d), **f32)
+        ws_ml = torch.empty((nb, hkv_p, n_part_max, rc, 2), **f32)
+        ws_o = torch.empty((nb, hkv_p, n_part_max, rc, dv), **f32)
         if WS_FILL is not None:
             ws_ml.fill_(WS_FILL)
             ws_o.fill_(WS_FILL)
@@ -275,13 +314,13 @@ def run(call):
                                                             dummy)
     has_kv_scale = call.k_cache.dtype in FP8_DTYPES and o.k_scale is not None
     err = call.errors
-    common = dict(G=group, R=rows, D=d, BLOCK_D=block_d,
+    common = dict(G=group, R=rc, D=d, BLOCK_D=block_d, HSPLIT=hsplit,
                   HAS_SINK=o.sinks is not None, HAS_KV_SCALE=has_kv_scale,
                   RETURN_LSE=call.return_lse, GUARD=config.get("PAGEDATTN_DEV_GUARDS"),
                   HAS_ERR=err is not None)
     # grid: (KV head, sequence, partition); one-pass folds the partition loop into the program
-    gk, g_tile = _gluon(call, ks, vs, rows, part, dev)
-    mode = _mode(nb, hkv, dev, n_part_max)
+    gk, g_tile = (None, None) if hsplit > 1 else _gluon(call, ks, vs, rows, part, dev)
+    mode = _mode(nb, hkv_p, dev, n_part_max)
     # partition states go through the workspace
     parked = mode in ("split", "balance") and n_part_max > 1
     one = False
@@ -290,22 +329,22 @@ def run(call):
         warps, regs = gk.occupancy(rows, g_tile[0])
         one = gk.one_partition(rows, g_tile[0])
     else:
-        smem = (num_stages * block_n * block_d * 2 * call.k_cache.element_size()
-                + block_m * block_d * 2)
+        smem = (num_stages * block_n * width * 2 * call.k_cache.element_size()
+                + block_m * width * 2)
         warps, regs = num_warps, None
     ppp, fill_at, slots, fine = 1, 1, 1, 1
     if mode == "balance":
-        fill_at, slots, fine = _balance(smem, warps, dev, nb * hkv, one)
+        fill_at, slots, fine = _balance(smem, warps, dev, nb * hkv_p, one)
         if one:  # the swap form: every batch takes a finer grain (SWAP_GRAIN, FINE)
             slots, fine = slots * fine * SWAP_GRAIN, 1
-        grid = (hkv, nb + _balance_extra(n_part_max, nb, hkv, slots * fine), 1)
+        grid = (hkv_p, nb + _balance_extra(n_part_max, nb, hkv_p, slots * fine), 1)
         if grid[1] > 65535:  # CUDA's limit on axis 1: the count rule
-            mode = _mode(nb, hkv, dev, n_part_max, True)
+            mode = _mode(nb, hkv_p, dev, n_part_max, True)
             parked = mode == "split"
     if parked and mode != "balance":
-        ppp = _parts_per_program(hkv * nb * n_part_max, n_part_max, smem, warps, dev, regs, one)
+        ppp = _parts_per_program(hkv_p * nb * n_part_max, n_part_max, smem, warps, dev, regs, one)
     if mode != "balance":
-        grid = (hkv, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
+        grid = (hkv_p, nb, 1 if mode == "one_pass" else triton.cdiv(n_part_max, ppp))
     bal = dict(NB=nb, FILL_N=fill_at, SLOTS=slots, FINE=fine, BAL=mode == "balance",
                NB_BLOCK=min(max(NB_BLOCK[0], next_pow2(nb)), NB_BLOCK[1]))
     pdl = parked and _pdl(dev)
@@ -314,22 +353,24 @@ def run(call):
                   ppp, mode == "one_pass", pdl, *g_tile, bal, rec=rec)
     else:
         # the balanced launch fits the wave it was planned for (_decode_configs._BAL_MAXNREG)
-        maxnreg = bal_maxnreg(block_d, rows, call.k_cache.element_size()) \
+        maxnreg = bal_maxnreg(width, rc, call.k_cache.element_size()) \
             if mode == "balance" and dev.type == "cuda" else None
+        heads = dict(DV=dv, BLOCK_DV=block_dv, HAS_TAIL=has_tail, BLOCK_DT=block_dt,
+                     V_IS_K=_v_is_k(call, ks, vs, block_d, has_tail))
         _triton_launch(call, q4, out4, lse, ws_ml, ws_o, dummy, ks, vs, grid, part, n_part_max,
                        ppp, mode, pdl, has_kv_scale, block_m, block_n, num_warps, num_stages,
-                       common, bal, rec, maxnreg)
+                       {**common, **heads}, bal, rec, maxnreg)
     if parked:
         # grid: (KV head, sequence, row x column block); single-partition sequences exit at once
         _replay.launch(
-            rec, _combine_kernel, (hkv, nb, rows * c_dsplit),
+            rec, _combine_kernel, (hkv_p, nb, rc * c_dsplit),
             seq_lens_ptr=call.seq_lens, v_scale_ptr=o.v_scale if has_kv_scale else dummy,
             sinks_ptr=o.sinks if o.sinks is not None else dummy, out_ptr=out4, lse_ptr=lse,
             ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, err_ptr=err if err is not None else dummy, Hq=hq,
             LQ=lq, P=n_part_max, PART=part, BT_W=call.block_table.shape[1], BS=bs,
             stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
             UNROLL=c_unroll, DSPLIT=c_dsplit, C_STAGES=c_stages, PDL=pdl, num_warps=c_warps,
-            launch_pdl=pdl, **bal, **common)
+            launch_pdl=pdl, **bal, **{**common, "D": dv, "BLOCK_D": block_dv})
     if rec is not None and (replay := rec.replay()) is not None:
         _replay.store(key, replay)
     return lse.view(q.shape[:-1]) if call.return_lse else None
