@@ -42,6 +42,8 @@ _DEFAULTS: Dict[str, Dict[int, TileConfig]] = {
              256: TileConfig(64, 32, 8, 1, 2, 16)},
     "cuda": {64: TileConfig(64, 32, 4, 2), 128: TileConfig(64, 32, 4, 2),
              256: TileConfig(32, 32, 4, 1)},
+    # head dims past 256 (K 512/576, MLA's absorbed prefill): 16-row, 16-key tiles, one stage,
+    # on every GPU family (compile-checked offline; not yet tuned on a GPU)
     # the interpreter: smallest tiles that keep tl.dot >= 16 in every dim (CPU time)
     "interp": {256: TileConfig(16, 16, 4, 1)},
 }
@@ -78,9 +80,15 @@ def _fit(cfg: TileConfig, group_p: int, max_q_len: int) -> TileConfig:
     return cfg._replace(block_m=min(bm, max(need, group_p)))
 
 
+_WIDE = TileConfig(16, 16, 4, 1)  # padded head dims past 256
+
+
 def default_config(device: torch.device, head_dim_p: int, group_p: int,
                    max_q_len: int) -> TileConfig:
-    table = _DEFAULTS[family_of(device)]
+    fam = family_of(device)
+    if head_dim_p > 256 and fam != "interp":
+        return _fit(_WIDE if fam != "gfx9" else _WIDE._replace(num_warps=8), group_p, max_q_len)
+    table = _DEFAULTS[fam]
     for bound in sorted(table):
         if head_dim_p <= bound:
             return _fit(table[bound], group_p, max_q_len)

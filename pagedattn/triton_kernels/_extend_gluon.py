@@ -60,6 +60,8 @@ def unsupported(call, ks, vs, family: str, group_p: int, max_q: int) -> list:
         why.append(f"block_size {g.block_size} not a power of 2")
     if call.k_new is not None or call.custom_mask is not None:
         why.append("k_new/v_new or a custom mask")
+    if not call.causal:
+        why.append("causal=False (a request's queries may outnumber its keys)")
     if o.sliding_window is not None or o.logit_cap is not None or o.alibi_slopes is not None \
             or o.sinks is not None:
         why.append("window, soft-cap, ALiBi or sinks")

@@ -2,9 +2,9 @@
 
 A request b is valid when its batch's cu_seqlens_q is monotone and within q (cu[0] >= 0,
 cu[B] <= T: otherwise no request's rows are its own alone, so every request is invalid), its
-query count Lq is at most Lk and at most the grid's query blocks times BLOCK_Q (a max_q_len
-below a real Lq), Lk (or, with k_new, the cached prefix Lk - Lq) fits the block table, every
-table entry of the keys it reads names a block of the cache, and, with a custom mask, its
+query count Lq is at most Lk (non-causal with keys from the cache: any) and at most the grid's
+query blocks times BLOCK_Q (a max_q_len below a real Lq), Lk (or, with k_new, the cached
+prefix Lk - Lq) fits the block table, every table entry of the keys it reads names a block of the cache, and, with a custom mask, its
 [Lq, Lk] block lies inside the mask. The checks run before the key loops, which never start for
 an invalid request: the first query block's program writes NaN over the request's rows (out and
 lse), or over every row of q when cu_seqlens_q itself is invalid (request 0's program), counts
@@ -34,11 +34,15 @@ def cu_monotone(cu_ptr, nseq, T):
 
 @triton.jit
 def request_ok(cu_ok, q0, lq, lk, bt_row, mask_indptr_ptr, b, cap, nblk, mask_n, coverage,
-               PAGE: tl.constexpr, NEW_FROM_CACHE: tl.constexpr, HAS_MASK: tl.constexpr):
+               PAGE: tl.constexpr, NEW_FROM_CACHE: tl.constexpr, HAS_MASK: tl.constexpr,
+               LONG_Q: tl.constexpr):
     """Whether request b's metadata is valid (the module docstring's rule); q0, lq, lk: its
-    cu_seqlens_q[b], query count and Lk (int64)."""
+    cu_seqlens_q[b], query count and Lk (int64). LONG_Q (non-causal, keys from the cache): Lq
+    may exceed Lk."""
     cached = lk if NEW_FROM_CACHE else lk - lq  # the keys read through the table
-    ok = cu_ok & (lq >= 0) & (lq <= lk) & (lq <= coverage) & (cached <= cap)
+    ok = cu_ok & (lq >= 0) & (lq <= coverage) & (cached <= cap) & (lk >= 0)
+    if not LONG_Q:
+        ok = ok & (lq <= lk)
     if HAS_MASK:
         m0 = tl.load(mask_indptr_ptr + b).to(tl.int64)
         ok = ok & (m0 >= 0) & (m0 + lq * lk <= mask_n)
@@ -52,7 +56,7 @@ def nan_rows(out_ptr, lse_ptr, err_ptr, q0, lq, T, kvh, stride_ot: tl.int64, str
              GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
              BLOCK_Q: tl.constexpr, RETURN_LSE: tl.constexpr, HAS_ERR: tl.constexpr):
     """Write NaN over rows [q0, q0 + lq) of this KV head's query heads (out and lse) when that
-    range lies inside q (T rows), and count them (HAS_ERR)."""
+    range lies inside q (T rows), and count them (HAS_ERR). HEAD_DIM: out's (V's) head dim."""
     if (q0 >= 0) & (lq > 0) & (q0 + lq <= T):
         rows = tl.arange(0, BLOCK_Q * GROUP_P)
         hg = rows % GROUP_P

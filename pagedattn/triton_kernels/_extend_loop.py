@@ -102,21 +102,22 @@ def _rows(ids, start, stride_b: tl.int64, stride_t: tl.int64, PAGE: tl.constexpr
 
 @triton.jit
 def _tiles(acc, m_i, l_i, q, lo, hi, lk, row_pos, slope2, qk_scale, logit_cap, bt_row, nxt,
-           kc_h, vc_h, dk, dv, d_ok,
+           kc_h, vc_h, dk, dv, d_ok, dv_ok,
            stride_kb: tl.int64, stride_kt: tl.int64, stride_vb: tl.int64, stride_vt: tl.int64,
            MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-           PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+           PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, PAD_DV: tl.constexpr,
            HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, KV_FP8: tl.constexpr,
            IEEE: tl.constexpr):
     """Keys [lo, hi) (absolute positions, lo a multiple of BLOCK_N) folded into (acc, m_i, l_i).
 
-    kc_h / vc_h: cache base + head offset; dk [D_P, 1] / dv [1, D_P]: int64 dim offsets.
+    kc_h / vc_h: cache base + head offset; dk [D_P, 1] / dv [1, DV_P]: int64 dim offsets
+    (d_ok / dv_ok: the columns inside K's / V's head dim).
     nxt: the block ids of the tile at ``lo`` (:func:`_page_ids`).
     """
     n_pages = (lk + PAGE - 1) // PAGE
     n = tl.arange(0, BLOCK_N)
     k_dmask = d_ok[:, None]
-    v_dmask = d_ok[None, :]
+    v_dmask = dv_ok[None, :]
     for start in range(lo, hi, BLOCK_N):
         jpos = start + n  # [N] absolute key position
         ids = nxt  # loaded one iteration earlier; fetch the next tile's now
@@ -128,12 +129,15 @@ def _tiles(acc, m_i, l_i, q, lo, hi, lk, row_pos, slope2, qk_scale, logit_cap, b
         if MASKED:
             k = tl.load(k_ptrs, mask=(jpos < lk)[None, :] & k_dmask, other=0.0)
             v = tl.load(v_ptrs, mask=(jpos < lk)[:, None] & v_dmask, other=0.0)
-        elif PAD_D:
-            k = tl.load(k_ptrs, mask=k_dmask, other=0.0)
-            v = tl.load(v_ptrs, mask=v_dmask, other=0.0)
         else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+            if PAD_D:
+                k = tl.load(k_ptrs, mask=k_dmask, other=0.0)
+            else:
+                k = tl.load(k_ptrs)
+            if PAD_DV:
+                v = tl.load(v_ptrs, mask=v_dmask, other=0.0)
+            else:
+                v = tl.load(v_ptrs)
         if KV_FP8:
             k = k.to(q.dtype)
             v = v.to(q.dtype)
@@ -184,7 +188,7 @@ def one_pass(acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, qk_scale,
              BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NM: tl.constexpr,
              HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, CAUSAL: tl.constexpr,
              HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, KV_FP8: tl.constexpr,
-             IEEE: tl.constexpr, live):
+             IEEE: tl.constexpr, live, HEAD_DIM_V: tl.constexpr, HEAD_DIM_VP: tl.constexpr):
     """All keys of one query block in one pass (see the module docstring's diagram). ids0: the
     first tile's block ids (:func:`first_ids`).
 
@@ -194,14 +198,16 @@ def one_pass(acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, qk_scale,
     """
     d = tl.arange(0, HEAD_DIM_P)
     d_ok = d < HEAD_DIM
+    e = tl.arange(0, HEAD_DIM_VP)  # V's columns
+    dv_ok = e < HEAD_DIM_V
     zero = kvh * 0  # int64 0: kv_offset wants an int64 block term
     # loop-invariant parts: head term in the base pointer, dim terms as int64 tiles
     kc_h = kc_ptr + kvh * stride_kh
     vc_h = vc_ptr + kvh * stride_vh
     dk = kv_offset(zero, 0, 0, d[:, None], stride_kb, stride_kt, stride_kh, stride_kdh,
                    stride_kdl, K_X, K_SPLIT, K_LO_ONE)  # [D_P, 1]
-    dv = kv_offset(zero, 0, 0, d[None, :], stride_vb, stride_vt, stride_vh, stride_vdh,
-                   stride_vdl, HEAD_DIM_P, False, V_LO_ONE)  # [1, D_P]
+    dv = kv_offset(zero, 0, 0, e[None, :], stride_vb, stride_vt, stride_vh, stride_vdh,
+                   stride_vdl, HEAD_DIM_VP, False, V_LO_ONE)  # [1, DV_P]
     if CAUSAL:
         hi = tl.minimum(lk, prefix + tok0 + BLOCK_Q)  # past the block's last query position
         full = (prefix + tok0 + 1) // BLOCK_N * BLOCK_N  # keys every row of the block sees
@@ -211,6 +217,7 @@ def one_pass(acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, qk_scale,
     hi = tl.where(live, hi, 0)
     full = tl.minimum(full, hi)
     PAD_D: tl.constexpr = HEAD_DIM_P != HEAD_DIM
+    PAD_DV: tl.constexpr = HEAD_DIM_VP != HEAD_DIM_V
     for MASKED in tl.static_range(2):
         if MASKED:
             ids = _page_ids(bt_row, full, bt_w, PAGE, BLOCK_NM)
@@ -218,8 +225,8 @@ def one_pass(acc, m_i, l_i, q, prefix, tok0, lk, kvh, row_pos, slope2, qk_scale,
             ids = ids0
         acc, m_i, l_i = _tiles(
             acc, m_i, l_i, q, full if MASKED else 0, hi if MASKED else full, lk, row_pos,
-            slope2, qk_scale, logit_cap, bt_row, ids, kc_h, vc_h, dk, dv, d_ok, stride_kb,
+            slope2, qk_scale, logit_cap, bt_row, ids, kc_h, vc_h, dk, dv, d_ok, dv_ok, stride_kb,
             stride_kt, stride_vb, stride_vt, MASKED == 1, CAUSAL, PAGE,
-            BLOCK_NM if MASKED else BLOCK_N, PAD_D, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
+            BLOCK_NM if MASKED else BLOCK_N, PAD_D, PAD_DV, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
     return acc, m_i, l_i
 

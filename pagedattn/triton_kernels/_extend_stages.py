@@ -31,7 +31,7 @@ def _load(ptrs, mask, MASKED: tl.constexpr, PAD_D: tl.constexpr, d_mask):
 def _step(acc, m_i, l_i, q, k, v, vis, jpos, row_pos, qk_scale, logit_cap, slope2,
           MASKED: tl.constexpr, HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
           IEEE: tl.constexpr):
-    """One online-softmax update in base 2. q [M, D_P], k [D_P, N], v [N, D_P]; acc [M, D_P]."""
+    """One online-softmax update in base 2. q [M, D_P], k [D_P, N], v [N, DV_P]; acc [M, DV_P]."""
     qk = _dot(q, k, IEEE)  # [M, N] fp32
     if HAS_CAP:
         s = soft_cap(qk * qk_scale, logit_cap) * _LOG2E
@@ -53,6 +53,7 @@ def _stage(acc, m_i, l_i, q, lo, hi, n_keys, key_base, row_pos, row_ok, slope2, 
            stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64, stride_kdh: tl.int64,
            stride_kdl: tl.int64, stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
            stride_vdh: tl.int64, stride_vdl: tl.int64, stride_nt: tl.int64, stride_nh: tl.int64,
+           stride_vnt: tl.int64, stride_vnh: tl.int64,
            K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr,
            V_LO_ONE: tl.constexpr,
            PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -60,15 +61,18 @@ def _stage(acc, m_i, l_i, q, lo, hi, n_keys, key_base, row_pos, row_ok, slope2, 
            FROM_NEW: tl.constexpr, TRIANGLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
            HAS_MASK: tl.constexpr,
            HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, KV_FP8: tl.constexpr,
-           IEEE: tl.constexpr):
+           IEEE: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_VP: tl.constexpr):
     """Keys [lo, hi) of one stage, relative index r in [0, n_keys); absolute position key_base + r.
 
     FROM_NEW: K/V rows q0 + r of k_new/v_new; else cache positions key_base + r via the table.
     TRIANGLE: stage 2's causal rule j <= p (r <= query index: the shifted mask minus the prefix).
     """
-    d = tl.arange(0, HEAD_DIM_P)  # [D_P]
+    d = tl.arange(0, HEAD_DIM_P)  # [D_P] K's columns
     d_ok = d < HEAD_DIM
+    e = tl.arange(0, HEAD_DIM_VP)  # [DV_P] V's columns
+    e_ok = e < HEAD_DIM_V
     PAD_D: tl.constexpr = HEAD_DIM_P != HEAD_DIM
+    PAD_DV: tl.constexpr = HEAD_DIM_VP != HEAD_DIM_V
     ONE_PAGE: tl.constexpr = STAGE1 and (PAGE >= BLOCK_N)  # key_base 0: page-aligned tiles
     for start in range(lo, hi, BLOCK_N):
         r = start + tl.arange(0, BLOCK_N)  # [N] relative key index
@@ -77,9 +81,9 @@ def _stage(acc, m_i, l_i, q, lo, hi, n_keys, key_base, row_pos, row_ok, slope2, 
         if FROM_NEW:
             row = (q0 + r).to(tl.int64)  # [N] rows of k_new/v_new
             k_off = row[None, :] * stride_nt + kvh * stride_nh + d[:, None]  # [D_P, N]
-            v_off = row[:, None] * stride_nt + kvh * stride_nh + d[None, :]  # [N, D_P]
+            v_off = row[:, None] * stride_vnt + kvh * stride_vnh + e[None, :]  # [N, DV_P]
             k = _load(kn_ptr + k_off, r_ok[None, :] & d_ok[:, None], MASKED, PAD_D, d_ok[:, None])
-            v = _load(vn_ptr + v_off, r_ok[:, None] & d_ok[None, :], MASKED, PAD_D, d_ok[None, :])
+            v = _load(vn_ptr + v_off, r_ok[:, None] & e_ok[None, :], MASKED, PAD_DV, e_ok[None, :])
             if KV_FP8:  # k_new/v_new are not quantised: undo the v_scale the epilogue applies
                 v = (v.to(tl.float32) * inv_vs).to(q.dtype)
         else:
@@ -96,10 +100,10 @@ def _stage(acc, m_i, l_i, q, lo, hi, n_keys, key_base, row_pos, row_ok, slope2, 
                 bv = blk[:, None]
             k_off = kv_offset(bk, tin[None, :], kvh, d[:, None], stride_kb, stride_kt, stride_kh,
                               stride_kdh, stride_kdl, K_X, K_SPLIT, K_LO_ONE)  # [D_P, N]
-            v_off = kv_offset(bv, tin[:, None], kvh, d[None, :], stride_vb, stride_vt, stride_vh,
-                              stride_vdh, stride_vdl, HEAD_DIM_P, False, V_LO_ONE)  # [N, D_P]
+            v_off = kv_offset(bv, tin[:, None], kvh, e[None, :], stride_vb, stride_vt, stride_vh,
+                              stride_vdh, stride_vdl, HEAD_DIM_VP, False, V_LO_ONE)  # [N, DV_P]
             k = _load(kc_ptr + k_off, r_ok[None, :] & d_ok[:, None], MASKED, PAD_D, d_ok[:, None])
-            v = _load(vc_ptr + v_off, r_ok[:, None] & d_ok[None, :], MASKED, PAD_D, d_ok[None, :])
+            v = _load(vc_ptr + v_off, r_ok[:, None] & e_ok[None, :], MASKED, PAD_DV, e_ok[None, :])
             if KV_FP8:  # dequantised by the folded scales; the dot runs in q's dtype
                 k = k.to(q.dtype)
                 v = v.to(q.dtype)

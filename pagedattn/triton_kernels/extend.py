@@ -38,9 +38,9 @@ _LN2 = tl.constexpr(LN2)
 @triton.jit
 def _extend_fwd(
     q_ptr,  # [T, Hq, D]
-    kn_ptr, vn_ptr,  # [T, Hkv, D] k_new / v_new (q_ptr as a dummy when the cache holds them)
+    kn_ptr, vn_ptr,  # [T, Hkv, D], [T, Hkv, DV] k_new / v_new (q_ptr: dummies for the cache's)
     kc_ptr, vc_ptr,  # paged K / V caches, any layout (addressed through kv_offset)
-    out_ptr,  # [T, Hq, D]
+    out_ptr,  # [T, Hq, DV]
     lse_ptr,  # [T, Hq] float32 (dummy unless RETURN_LSE)
     bt_ptr,  # int32 [B, max_blocks]
     cu_ptr,  # int32 [B + 1] query row offsets
@@ -54,7 +54,8 @@ def _extend_fwd(
     T, NBLK, MASK_N,  # q's rows; blocks in the cache; custom mask entries (GUARD)
     bt_w,  # block-table width (entries per row)
     stride_qt: tl.int64, stride_qh: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
-    stride_nt: tl.int64, stride_nh: tl.int64, stride_lt: tl.int64, stride_lh: tl.int64,
+    stride_nt: tl.int64, stride_nh: tl.int64, stride_vnt: tl.int64, stride_vnh: tl.int64,
+    stride_lt: tl.int64, stride_lh: tl.int64,
     stride_bt: tl.int64,
     stride_kb: tl.int64, stride_kt: tl.int64, stride_kh: tl.int64, stride_kdh: tl.int64,
     stride_kdl: tl.int64, stride_vb: tl.int64, stride_vt: tl.int64, stride_vh: tl.int64,
@@ -69,9 +70,13 @@ def _extend_fwd(
     ONE_LOOP: tl.constexpr,  # the one-pass key loop (_extend_loop.py); else the two stages below
     GUARD: tl.constexpr,  # the metadata is not trusted (_extend_guard.py)
     HAS_ERR: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr, HEAD_DIM_VP: tl.constexpr,  # V's (out's) head dim, padded
 ):
     # Preconditions (launcher): BLOCK_M % GROUP_P == 0, GROUP <= GROUP_P, HEAD_DIM <= HEAD_DIM_P,
-    # powers of 2 for every tile dim, q/out/k_new last dim contiguous, 0 <= Lq <= Lk.
+    # HEAD_DIM_V <= HEAD_DIM_VP, powers of 2 for every tile dim, q/out/k_new last dim contiguous,
+    # 0 <= Lq <= Lk (any Lq when not CAUSAL and NEW_FROM_CACHE: every key is visible to every
+    # query, and one stage walks them all).
+    LONG_Q: tl.constexpr = (not CAUSAL) and NEW_FROM_CACHE
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_P
     b = tl.program_id(2)
     kvh = tl.program_id(1).to(tl.int64)
@@ -86,13 +91,14 @@ def _extend_fwd(
     if GUARD:  # an invalid request: NaN rows (its first query block's program), no key loop
         cu_ok = GD.cu_monotone(cu_ptr, tl.num_programs(2), T)
         ok = GD.request_ok(cu_ok, q0, lq, lk, bt_row, mask_indptr_ptr, b, bt_w * PAGE, NBLK,
-                           MASK_N, tl.num_programs(0) * BLOCK_Q, PAGE, NEW_FROM_CACHE, HAS_MASK)
+                           MASK_N, tl.num_programs(0) * BLOCK_Q, PAGE, NEW_FROM_CACHE, HAS_MASK,
+                           LONG_Q)
         if ok == 0:
             if tok0 == 0:  # a bad cu_seqlens_q: request 0's program takes every row of q
                 GD.nan_rows(out_ptr, lse_ptr, err_ptr, tl.where(cu_ok, q0, 0),
                             tl.where(cu_ok, lq, tl.where(b == 0, T, 0)), T, kvh, stride_ot,
-                            stride_oh, stride_lt, stride_lh, GROUP, GROUP_P, HEAD_DIM,
-                            HEAD_DIM_P, BLOCK_Q, RETURN_LSE, HAS_ERR)
+                            stride_oh, stride_lt, stride_lh, GROUP, GROUP_P, HEAD_DIM_V,
+                            HEAD_DIM_VP, BLOCK_Q, RETURN_LSE, HAS_ERR)
             return
     # NOTE the one-pass loop has no early exit: the branch held lk and the first tile's ids behind
     # the round trip for cu_seqlens (three dependent round trips before the first K/V tile, two
@@ -131,7 +137,7 @@ def _extend_fwd(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_VP], dtype=tl.float32)
 
     if ONE_LOOP and NEW_FROM_CACHE:  # no custom mask or window: one pass (launcher checks)
         acc, m_i, l_i = V.one_pass(
@@ -139,7 +145,7 @@ def _extend_fwd(
             bt_w, ids0, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
             stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT, K_LO_ONE,
             V_LO_ONE, PAGE, BLOCK_Q, BLOCK_N, BLOCK_NM, HEAD_DIM, HEAD_DIM_P, CAUSAL,
-            HAS_CAP, HAS_ALIBI, KV_FP8, IEEE, tok0 < lq)
+            HAS_CAP, HAS_ALIBI, KV_FP8, IEEE, tok0 < lq, HEAD_DIM_V, HEAD_DIM_VP)
     else:
         # A window hides keys j <= p - W from every row once p >= tok0's position: skip those
         # tiles.
@@ -161,19 +167,22 @@ def _extend_fwd(
                 bt_row, bt_w, ids0, kc_ptr, vc_ptr, stride_kb, stride_kt, stride_kh, stride_kdh,
                 stride_kdl, stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, K_X, K_SPLIT,
                 K_LO_ONE, V_LO_ONE, PAGE, BLOCK_Q, BLOCK_N, BLOCK_NM, HEAD_DIM,
-                HEAD_DIM_P, False, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE, True)
+                HEAD_DIM_P, False, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE, True, HEAD_DIM_V,
+                HEAD_DIM_VP)
         else:
-            full1 = lo1 if ANY_MASK else prefix // BLOCK_N * BLOCK_N
+            # LONG_Q: every key [0, Lk) in this stage (Lq may exceed Lk), and no stage 2
+            n1 = lk if LONG_Q else prefix
+            full1 = lo1 if ANY_MASK else n1 // BLOCK_N * BLOCK_N
             for MASKED in tl.static_range(2):
                 acc, m_i, l_i = _stage(
                     acc, m_i, l_i, q, tl.maximum(full1, lo1) if MASKED else lo1,
-                    prefix if MASKED else full1, prefix, 0, row_pos, row_ok, slope2, scale_1,
+                    n1 if MASKED else full1, n1, 0, row_pos, row_ok, slope2, scale_1,
                     logit_cap, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr,
                     vn_ptr, mask_ptr, stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl,
                     stride_vb, stride_vt, stride_vh, stride_vdh, stride_vdl, stride_nt,
-                    stride_nh, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, PAGE, BLOCK_N, HEAD_DIM,
-                    HEAD_DIM_P, MASKED == 1, True, False, False, HAS_WINDOW, HAS_MASK, HAS_CAP,
-                    HAS_ALIBI, KV_FP8, IEEE)
+                    stride_nh, stride_vnt, stride_vnh, K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, PAGE,
+                    BLOCK_N, HEAD_DIM, HEAD_DIM_P, MASKED == 1, True, False, False, HAS_WINDOW,
+                    HAS_MASK, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE, HEAD_DIM_V, HEAD_DIM_VP)
 
         # Stage 2: the new keys r in [0, Lq) at positions P + r. Causal: a lower triangle; the
         # loop stops at the block's diagonal (keys past its last query are never loaded).
@@ -186,6 +195,10 @@ def _extend_fwd(
             full2 = lq // BLOCK_N * BLOCK_N
         if ANY_MASK:
             full2 = lo2
+        if LONG_Q:  # stage 1 took every key
+            hi2 = 0
+            full2 = 0
+            lo2 = 0
         for MASKED in tl.static_range(2):
             acc, m_i, l_i = _stage(
                 acc, m_i, l_i, q, tl.maximum(full2, lo2) if MASKED else lo2,
@@ -193,19 +206,22 @@ def _extend_fwd(
                 logit_cap, inv_vs, window, kvh, q0, mask_row, bt_row, kc_ptr, vc_ptr, kn_ptr,
                 vn_ptr, mask_ptr,
                 stride_kb, stride_kt, stride_kh, stride_kdh, stride_kdl, stride_vb, stride_vt,
-                stride_vh, stride_vdh, stride_vdl, stride_nt, stride_nh, K_X, K_SPLIT, K_LO_ONE,
-                V_LO_ONE, PAGE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, MASKED == 1, False, FROM_NEW, TRI,
-                HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI, KV_FP8, IEEE)
+                stride_vh, stride_vdh, stride_vdl, stride_nt, stride_nh, stride_vnt, stride_vnh,
+                K_X, K_SPLIT, K_LO_ONE, V_LO_ONE, PAGE, BLOCK_N, HEAD_DIM, HEAD_DIM_P,
+                MASKED == 1, False, FROM_NEW, TRI, HAS_WINDOW, HAS_MASK, HAS_CAP, HAS_ALIBI,
+                KV_FP8, IEEE, HEAD_DIM_V, HEAD_DIM_VP)
 
     # Epilogue: normalise (sinks join the denominator only), v_scale, store; empty rows -> 0/-inf.
     sink = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + head, mask=hg < GROUP, other=0.0)
-    o, lse2 = finalize_state(m_i, l_i, acc, sink, HAS_SINKS)  # [M, D_P], [M]
+    o, lse2 = finalize_state(m_i, l_i, acc, sink, HAS_SINKS)  # [M, DV_P], [M]
     if KV_FP8:
         o = o * tl.load(vscale_ptr + kvh)
-    o_off = (q0 + row_tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    e = tl.arange(0, HEAD_DIM_VP)
+    o_off = (q0 + row_tok)[:, None] * stride_ot + head[:, None] * stride_oh + e[None, :]
+    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (e < HEAD_DIM_V)[None, :])
     if RETURN_LSE:
         tl.store(lse_ptr + (q0 + row_tok) * stride_lt + head * stride_lh, lse2 * _LN2, mask=row_ok)
 
@@ -217,8 +233,6 @@ def unsupported(**facts) -> list:
     why = []
     q, g = facts.get("q"), facts.get("geom")
     if q is not None and g is not None:
-        if g.head_dim > 256:
-            why.append(f"head_dim {g.head_dim} > 256")
         if q.shape[-2] // max(g.num_kv_heads, 1) > 128:
             why.append("GQA group > 128 query heads per KV head")
     return why
@@ -248,15 +262,18 @@ def run(call):
         return lse if call.return_lse else None
     group_p = triton.next_power_of_2(group)
     d_p = max(16, triton.next_power_of_2(d))
+    dv = g.head_dim_v
+    dv_p = max(16, triton.next_power_of_2(dv))
     ks, vs = L.k_strides(call.k_cache, call.layout), L.v_strides(call.v_cache, call.layout)
     kv_fp8 = is_fp8(call.k_cache.dtype)
     k_new = call.k_new if call.k_new is not None else q
+    v_new = call.v_new if call.v_new is not None else q
     mask = call.custom_mask
     if mask is not None and mask.dtype == torch.bool:
         mask = mask.view(torch.uint8)
     dummy = o.k_scale if o.k_scale is not None else call.seq_lens
     args = dict(
-        q_ptr=q, kn_ptr=k_new, vn_ptr=call.v_new if call.v_new is not None else q,
+        q_ptr=q, kn_ptr=k_new, vn_ptr=v_new,
         kc_ptr=call.k_cache, vc_ptr=call.v_cache, out_ptr=call.out, lse_ptr=lse,
         bt_ptr=call.block_table, cu_ptr=call.cu_seqlens_q, lens_ptr=call.seq_lens,
         mask_ptr=mask if mask is not None else call.seq_lens,
@@ -271,6 +288,7 @@ def run(call):
         stride_qt=q.stride(0), stride_qh=q.stride(1),
         stride_ot=call.out.stride(0), stride_oh=call.out.stride(1),
         stride_nt=k_new.stride(0), stride_nh=k_new.stride(1),
+        stride_vnt=v_new.stride(0), stride_vnh=v_new.stride(1),
         stride_lt=lse.stride(0) if call.return_lse else 0,
         stride_lh=lse.stride(1) if call.return_lse else 0,
         stride_bt=call.block_table.stride(0),
@@ -279,6 +297,7 @@ def run(call):
         stride_vdh=vs.dim_hi, stride_vdl=vs.dim_lo,
         K_X=ks.x, K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1,
         GROUP=group, GROUP_P=group_p, HEAD_DIM=d, HEAD_DIM_P=d_p, PAGE=g.block_size,
+        HEAD_DIM_V=dv, HEAD_DIM_VP=dv_p,
         CAUSAL=bool(call.causal), NEW_FROM_CACHE=call.k_new is None, HAS_MASK=mask is not None,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, HAS_SINKS=o.sinks is not None, KV_FP8=kv_fp8,
@@ -287,14 +306,12 @@ def run(call):
         ONE_LOOP=V.serves(has_mask=mask is not None, has_window=o.sliding_window is not None,
                           page=g.block_size),
     )
-    if call.k_new is not None and call.v_new.stride() != call.k_new.stride():
-        raise ValueError("v_new: expected the same strides as k_new")
     gk = V.gluon_kernel()
     if gk is not None and not gk.unsupported(call, ks, vs, C.family_of(q.device), group_p, max_q):
         gk.launch(call, ks, vs, group, group_p, max_q, lse)
         return lse if call.return_lse else None
     # grid = (cdiv(max_q, BLOCK_Q), Hkv, B) with BLOCK_Q = BLOCK_M // GROUP_P query tokens.
-    c = C.default_config(q.device, d_p, group_p, max_q)
+    c = C.default_config(q.device, max(d_p, dv_p), group_p, max_q)
     if args["ONE_LOOP"]:
         c = V.tile_config(c, C.family_of(q.device), q.element_size())
     extra = {}
