@@ -311,8 +311,9 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: Optional[t
     return (out, lse) if return_lse else out
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor, *, layout: str = "bhsd", k_scale=None, v_scale=None,
+def store_kv(k: torch.Tensor, v: Optional[torch.Tensor], k_cache: torch.Tensor,
+             v_cache: Optional[torch.Tensor], slot_mapping: torch.Tensor, *, layout: str = "bhsd",
+             k_scale=None, v_scale=None,
              backend: str = "auto", validate: Optional[bool] = None,
              errors: Optional[torch.Tensor] = None) -> None:
     """Write new tokens' K/V into the paged cache, quantising to fp8 when the cache is fp8.
@@ -320,7 +321,9 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     Parameters
     ----------
     k, v : torch.Tensor
-        ``[num_tokens, num_kv_heads, head_dim]``, fp16/bf16/fp32.
+        ``[num_tokens, num_kv_heads, head_dim]`` and ``[..., head_dim_v]`` (the caches' widths),
+        fp16/bf16/fp32. ``v=None`` with ``v_cache=None``: an MLA latent cache, which holds K
+        only (its first head_dim_v columns are V: :func:`pagedattn.make_mla_cache`).
     k_cache, v_cache : torch.Tensor
         the cache in ``layout``; same dtype as k, or fp8 (stores ``value / scale``, saturated).
     slot_mapping : torch.Tensor
@@ -345,22 +348,27 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     >>> pa.store_kv(k, v, kc, vc, torch.tensor([17, 18, -1]))
     """
     check_layout(layout)
-    g = V.check_cache(k_cache, v_cache, layout)
+    if (v is None) != (v_cache is None):
+        raise ValueError("v, v_cache: give both, or neither (an MLA latent cache holds K only)")
+    g = V.check_cache(k_cache, k_cache if v_cache is None else v_cache, layout)
     dev = k_cache.device
-    for name, t in (("k", k), ("v", v)):
-        V.check_tensor(name, t, dim=3, dtypes=V.Q_DTYPES, device=dev)
-        V.check_shape(name, t, (k.shape[0], g.num_kv_heads, g.head_dim))
-    if v.dtype != k.dtype:
-        raise TypeError(f"v: expected dtype {k.dtype} (k's), got {v.dtype}")
+    V.check_tensor("k", k, dim=3, dtypes=V.Q_DTYPES, device=dev)
+    V.check_shape("k", k, (k.shape[0], g.num_kv_heads, g.head_dim))
+    if v is not None:
+        V.check_tensor("v", v, dim=3, dtypes=V.Q_DTYPES, device=dev)
+        V.check_shape("v", v, (k.shape[0], g.num_kv_heads, g.head_dim_v))
+        if v.dtype != k.dtype:
+            raise TypeError(f"v: expected dtype {k.dtype} (k's), got {v.dtype}")
     if k_cache.dtype not in V.FP8_DTYPES and k_cache.dtype != k.dtype:
         raise TypeError(f"k_cache: dtype {k_cache.dtype} must equal k's {k.dtype} or be fp8")
     V.check_tensor("slot_mapping", slot_mapping, dim=1, dtypes=(torch.int32, torch.int64),
                    device=dev)
     V.check_shape("slot_mapping", slot_mapping, (k.shape[0],))
     errors = V.check_errors(errors, dev)
-    _check_no_overlap(k_cache=k_cache, v_cache=v_cache)
+    _check_no_overlap(k_cache=k_cache, **({} if v_cache is None else {"v_cache": v_cache}))
     ks = V._norm_kv_scale("k_scale", k_scale, k_cache.dtype, g.num_kv_heads, dev)
-    vs = V._norm_kv_scale("v_scale", v_scale, k_cache.dtype, g.num_kv_heads, dev)
+    vs = None if v is None else V._norm_kv_scale("v_scale", v_scale, k_cache.dtype,
+                                                 g.num_kv_heads, dev)
     key = None
     if dev.type == "cuda":
         key = (k.shape[1:], k.stride(), k.dtype, k.data_ptr() % 16, k_cache.shape,

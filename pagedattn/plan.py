@@ -39,12 +39,15 @@ def plan_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_head
                 v_scale=None, sliding_window: Optional[int] = None,
                 logit_cap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
                 sinks: Optional[torch.Tensor] = None, partition_size: Optional[int] = None,
-                backend: str = "auto", return_lse: bool = False) -> DecodePlan:
+                backend: str = "auto", return_lse: bool = False,
+                head_dim_v: Optional[int] = None) -> DecodePlan:
     """Validate one decode batch's metadata and pick its backend.
 
     Parameters are those of :func:`pagedattn.paged_decode`, with the shapes given as numbers:
     the plan is valid for any q of shape ``[num_seqs, (q_len,) num_q_heads, head_dim]`` and
-    dtype ``q_dtype``, and any cache pair of that geometry, layout and ``kv_dtype``.
+    dtype ``q_dtype``, and any cache pair of that geometry, layout and ``kv_dtype``; V is
+    ``head_dim_v`` wide (default head_dim; MLA: 512 of a 576-wide latent cache, which
+    ``run_decode`` takes with ``v_cache=None``).
 
     Raises
     ------
@@ -67,7 +70,8 @@ def plan_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_head
     kv_dtype = kv_dtype or q_dtype
     dev = block_table.device
     # a meta cache stands in for the real ones: the same checks as the public op, no memory
-    k_meta, v_meta = _meta_cache(num_blocks, block_size, num_kv_heads, head_dim, layout, kv_dtype)
+    k_meta, v_meta = _meta_cache(num_blocks, block_size, num_kv_heads, head_dim, layout, kv_dtype,
+                                 head_dim_v)
     g = V.check_cache(k_meta, v_meta, layout)
     q_shape = (seq_lens.shape[0],) + ((q_len,) if q_len > 1 else ()) + (num_q_heads, head_dim)
     q_meta = torch.empty(q_shape, dtype=q_dtype, device="meta")
@@ -88,12 +92,14 @@ def plan_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_head
                       partition_size, name)
 
 
-def run_decode(plan: DecodePlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def run_decode(plan: DecodePlan, q: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: Optional[torch.Tensor],
                *, out: Optional[torch.Tensor] = None, return_lse: bool = False):
     """Paged decode of one layer with a plan: checks q and the caches against it, then launches.
 
     Raises ``ValueError``/``TypeError`` when q's shape or dtype, or the caches' geometry, layout
-    or dtype differ from the plan's.
+    or dtype differ from the plan's. ``v_cache=None``: V is k_cache's first
+    ``plan.geom.head_dim_v`` columns (an MLA latent cache).
     """
     if not isinstance(q, torch.Tensor) or tuple(q.shape) != plan.q_shape:
         raise ValueError(f"q: the plan expects shape {plan.q_shape}, got "
@@ -104,13 +110,15 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache
     V.check_tensor("q", q, device=dev)
     if k_cache.dtype != plan.kv_dtype:
         raise TypeError(f"k_cache: the plan expects dtype {plan.kv_dtype}, got {k_cache.dtype}")
+    v_cache = V.resolve_v_cache(k_cache, v_cache, plan.layout,
+                                None if v_cache is not None else plan.geom.head_dim_v)
     g = V.check_cache(k_cache, v_cache, plan.layout)
     if g != plan.geom:
         raise ValueError(f"k_cache: geometry {g._asdict()} differs from the plan's "
                          f"{plan.geom._asdict()}")
     if k_cache.device != dev:
         raise ValueError(f"k_cache: expected device {dev}, got {k_cache.device}")
-    out = V.check_out(out, q)
+    out = V.check_out(out, q, g.head_dim_v)
     impl = dispatch.load(plan.backend)
     call = V.DecodeCall(q, k_cache, v_cache, plan.block_table, plan.seq_lens, plan.layout, g,
                         plan.opts, plan.partition_size, out, return_lse, False)
@@ -121,9 +129,9 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache
     return (out, lse) if return_lse else out
 
 
-def _meta_cache(n, bs, h, d, layout, dtype):
+def _meta_cache(n, bs, h, d, layout, dtype, dv=None):
     from pagedattn.layouts import kv_cache_shapes
-    ks, vs = kv_cache_shapes(n, bs, h, d, layout, dtype)
+    ks, vs = kv_cache_shapes(n, bs, h, d, layout, dtype, dv)
     return torch.empty(ks, dtype=dtype, device="meta"), torch.empty(vs, dtype=dtype, device="meta")
 
 

@@ -65,7 +65,7 @@ BLOCK_T = 128  # slots compared per step of the in-kernel duplicate scan
 
 @triton.jit
 def _store_kv_kernel(
-        k_ptr, v_ptr,  # [T, Hkv, D] new keys / values
+        k_ptr, v_ptr,  # [T, Hkv, D], [T, Hkv, DV] new keys / values (v: k's stand-in, not HAS_V)
         k_cache_ptr, v_cache_ptr,  # paged caches, any layout
         slot_mapping_ptr,  # int32/int64 [T]
         dup_ptr,  # uint8 [T]: token t's slot is named by another token too (DUP_MASK) or dummy
@@ -81,8 +81,10 @@ def _store_kv_kernel(
         K_X: tl.constexpr, K_SPLIT: tl.constexpr, K_LO_ONE: tl.constexpr,
         V_LO_ONE: tl.constexpr, FP8: tl.constexpr, FMAX: tl.constexpr, MBITS: tl.constexpr,
         EMIN: tl.constexpr, GUARD: tl.constexpr, DUP_MASK: tl.constexpr,
-        HAS_ERR: tl.constexpr, BLOCK_T: tl.constexpr):
-    # grid: (T, Hkv): one program per (token, KV head) writes D elements of K and of V.
+        HAS_ERR: tl.constexpr, BLOCK_T: tl.constexpr, DV: tl.constexpr,
+        BLOCK_DV: tl.constexpr, HAS_V: tl.constexpr):
+    # grid: (T, Hkv): one program per (token, KV head) writes D elements of K and DV of V
+    # (HAS_V; an MLA latent cache holds K only).
     # T is the grid's first dimension, so no argument depends on the token count.
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -110,17 +112,20 @@ def _store_kv_kernel(
     mask = d < tl.where(keep, D, 0)  # [BLOCK_D]: nothing when the token is skipped
     t64 = t.to(tl.int64)
     k = tl.load(k_ptr + t64 * stride_kt + h * stride_kh + d, mask=mask, other=0.0)  # [BLOCK_D]
-    v = tl.load(v_ptr + t64 * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
     k_off = kv_offset(blk, off, h, d, stride_ckb, stride_ckt, stride_ckh, stride_ckdh,
                       stride_ckdl, K_X, K_SPLIT, K_LO_ONE)
-    v_off = kv_offset(blk, off, h, d, stride_cvb, stride_cvt, stride_cvh, stride_cvdh,
-                      stride_cvdl, BLOCK_D, False, V_LO_ONE)
     ck_ty = k_cache_ptr.dtype.element_ty
-    cv_ty = v_cache_ptr.dtype.element_ty
     tl.store(k_cache_ptr + k_off, _quantize(k, k_scale_ptr, h, FP8, FMAX, MBITS, EMIN, ck_ty),
              mask=mask)
-    tl.store(v_cache_ptr + v_off, _quantize(v, v_scale_ptr, h, FP8, FMAX, MBITS, EMIN, cv_ty),
-             mask=mask)
+    if HAS_V:
+        e = tl.arange(0, BLOCK_DV)
+        v_mask = e < tl.where(keep, DV, 0)
+        v = tl.load(v_ptr + t64 * stride_vt + h * stride_vh + e, mask=v_mask, other=0.0)
+        v_off = kv_offset(blk, off, h, e, stride_cvb, stride_cvt, stride_cvh, stride_cvdh,
+                          stride_cvdl, BLOCK_DV, False, V_LO_ONE)
+        cv_ty = v_cache_ptr.dtype.element_ty
+        tl.store(v_cache_ptr + v_off,
+                 _quantize(v, v_scale_ptr, h, FP8, FMAX, MBITS, EMIN, cv_ty), mask=v_mask)
 
 
 def unsupported(**_):
@@ -139,9 +144,14 @@ def duplicate_mask(slot_mapping: torch.Tensor) -> torch.Tensor:
 
 def run(k, v, k_cache, v_cache, slot_mapping, *, layout, geom, k_scale=None, v_scale=None,
         errors=None):
-    """Write k, v [T, Hkv, D] to the cache slots; k_scale/v_scale: float32 [Hkv] for fp8;
-    errors: optional int32 [1], += the number of skipped tokens."""
+    """Write k [T, Hkv, D] and v [T, Hkv, DV] to the cache slots (v and v_cache None: an MLA
+    latent cache, K only); k_scale/v_scale: float32 [Hkv] for fp8; errors: optional int32 [1],
+    += the number of skipped tokens."""
     t, hkv, d = k.shape
+    has_v = v is not None
+    if not has_v:  # stand-ins: HAS_V compiles the V half out, and the replay key holds it
+        v, v_cache, v_scale = k, k_cache, k_scale
+    dv = v.shape[2]
     if t == 0:
         return
     dev, rec = k.device, None
@@ -182,6 +192,6 @@ def run(k, v, k_cache, v_cache, slot_mapping, *, layout, geom, k_scale=None, v_s
         FMAX=float(torch.finfo(k_cache.dtype).max) if fp8 else 0.0,
         MBITS=_FP8_GRID.get(k_cache.dtype, (0, 0))[0], EMIN=_FP8_GRID.get(k_cache.dtype, (0, 0))[1],
         GUARD=guard, DUP_MASK=dup_mask, HAS_ERR=guard and errors is not None, BLOCK_T=BLOCK_T,
-        num_warps=1)
+        DV=dv, BLOCK_DV=triton.next_power_of_2(dv), HAS_V=has_v, num_warps=1)
     if rec is not None and (replay := rec.replay()) is not None:
         _replay.store(key, replay)
