@@ -82,13 +82,14 @@ def poison_value(dtype):
     return float("nan") if dtype not in FP8 else None
 
 
-def _cache_shapes(n, b, h, d, layout, dtype):
+def _cache_shapes(n, b, h, d, layout, dtype, dv=None):
     x = 16 // torch.empty((), dtype=dtype).element_size()
+    dv = d if dv is None else dv
     return {
-        "bhsd": ((n, h, b, d), (n, h, b, d)),
-        "bshd": ((n, b, h, d), (n, b, h, d)),
-        "vllm": ((n, h, d // x, b, x), (n, h, d, b)),
-        "hcu": ((n, h, b, d), (n, h, d, b)),
+        "bhsd": ((n, h, b, d), (n, h, b, dv)),
+        "bshd": ((n, b, h, d), (n, b, h, dv)),
+        "vllm": ((n, h, d // x, b, x), (n, h, dv, b)),
+        "hcu": ((n, h, b, d), (n, h, dv, b)),
     }[layout]
 
 
@@ -131,20 +132,21 @@ def dense_get(cache, layout, which, blk, off):
 def make_paged_batch(seq_lens: List[int], *, num_kv_heads: int, head_dim: int, block_size: int,
                      layout: str, dtype, device, gen: torch.Generator, exact_capacity=True,
                      extra_blocks: int = 3, kv_scales=None, fill_upto=None,
-                     contiguous=True) -> PagedBatch:
+                     contiguous=True, head_dim_v: Optional[int] = None) -> PagedBatch:
     """Caches full of NaN except the tokens [0, fill_upto[i]) of each sequence (default
     seq_lens), on scattered unique pages (block 0 reserved as the null block). The table's slack
     entries are poisoned with -1 and num_blocks + 7.
 
     For fp8 dtypes the cache holds quantised N(0,1)/scale values; kv_scales = (k, v) floats or
-    per-head lists.
+    per-head lists. head_dim_v: V's width (default head_dim).
     """
+    dv = head_dim if head_dim_v is None else head_dim_v
     fill_upto = seq_lens if fill_upto is None else fill_upto
     pages = [max(1, math.ceil(s / block_size)) if s else 0 for s in seq_lens]
     width = max(pages + [1]) + (0 if exact_capacity else 2)
     num_blocks = 1 + sum(pages) + extra_blocks
     perm = torch.randperm(num_blocks - 1, generator=gen) + 1
-    ks, vs = _cache_shapes(num_blocks, block_size, num_kv_heads, head_dim, layout, dtype)
+    ks, vs = _cache_shapes(num_blocks, block_size, num_kv_heads, head_dim, layout, dtype, dv)
     k_cache, v_cache = nan_tensor(ks, dtype, "cpu"), nan_tensor(vs, dtype, "cpu")
     table = torch.full((len(seq_lens), width), -1, dtype=torch.int32)
     k_scale = v_scale = None
@@ -164,8 +166,9 @@ def make_paged_batch(seq_lens: List[int], *, num_kv_heads: int, head_dim: int, b
         if n:
             t = torch.arange(n)
             blk, off = ids[t // block_size], t % block_size
-            for cache, which, sc in ((k_cache, "k", k_scale), (v_cache, "v", v_scale)):
-                val = torch.randn(n, num_kv_heads, head_dim, generator=gen)
+            for cache, which, sc, w in ((k_cache, "k", k_scale, head_dim),
+                                        (v_cache, "v", v_scale, dv)):
+                val = torch.randn(n, num_kv_heads, w, generator=gen)
                 if dtype in FP8:
                     val = (val / sc.view(1, -1, 1)).clamp(-torch.finfo(dtype).max,
                                                           torch.finfo(dtype).max)
@@ -203,12 +206,13 @@ def dense_kv(batch: PagedBatch, i: int, length: int, *, which_dtype=torch.float6
 
 def dense_attention(q, k, v, q_pos, *, scale, causal=True, window=None, cap=None, alibi=None,
                     sinks=None, mask=None):
-    """Explicit masked softmax in float64. q [Lq,Hq,D], k/v [Lk,Hkv,D] -> out, lse (natural)."""
+    """Explicit masked softmax in float64. q [Lq,Hq,D], k [Lk,Hkv,D], v [Lk,Hkv,Dv] -> out
+    [Lq,Hq,Dv], lse (natural)."""
     q, k, v = q.double(), k.double(), v.double()
     lq, hq, d = q.shape
     lk, hkv = k.shape[0], k.shape[1]
     g = hq // hkv
-    out = torch.zeros(lq, hq, d, dtype=torch.float64, device=q.device)
+    out = torch.zeros(lq, hq, v.shape[-1], dtype=torch.float64, device=q.device)
     lse = torch.full((lq, hq), float("-inf"), dtype=torch.float64, device=q.device)
     j = torch.arange(lk, device=q.device).view(1, -1)
     p = torch.as_tensor(q_pos, device=q.device).to(torch.int64).view(-1, 1)

@@ -81,7 +81,8 @@ def attention_rows(case, mask=None):
         nq, nk = q1 - q0, lens[b]
         if case["op"] == "extend":
             need = nk - nq if case["k_new"] else nk
-            bad = nk < 0 or nq > nk or need > cap
+            long_q = not case["causal"] and not case["k_new"]  # Lq > Lk is valid then
+            bad = nk < 0 or (nq > nk and not long_q) or need > cap
             # Lq above max_q_len: NaN past the grid's query blocks, exact within the last one
             over = case["max_q_len"] is not None and nq > case["max_q_len"]
             mi = case.get("mask_indptr")
@@ -138,8 +139,9 @@ def run_attention(case):
     gen = torch.Generator().manual_seed(case["seed"])
     nb, bs, hkv, d, layout = (case[k] for k in ("num_blocks", "block_size", "num_kv_heads",
                                                 "head_dim", "layout"))
+    dv = case.get("head_dim_v", d)
     hq = hkv * case["group"]
-    shapes = pa.layouts.kv_cache_shapes(nb, bs, hkv, d, layout, torch.float32)
+    shapes = pa.layouts.kv_cache_shapes(nb, bs, hkv, d, layout, torch.float32, dv)
     (kc, kbuf), (vc, vbuf) = (sentinel_view(s, torch.float32, dev, gen) for s in shapes)
     kb0, vb0 = kbuf.clone(), vbuf.clone()
     table = torch.tensor(case["table"], dtype=torch.int32, device=dev)
@@ -152,7 +154,8 @@ def run_attention(case):
         q = torch.randn(t, hq, d, generator=gen).to(dev)
         kn = vn = None
         if case["k_new"]:
-            kn, vn = (torch.randn(t, hkv, d, generator=gen).to(dev) for _ in range(2))
+            kn = torch.randn(t, hkv, d, generator=gen).to(dev)
+            vn = torch.randn(t, hkv, dv, generator=gen).to(dev)
         cu = torch.tensor(case["cu"], dtype=torch.int32, device=dev)
         if case.get("mask_indptr") is not None:
             mask = (torch.rand(case["mask_len"], generator=gen) < 0.7).to(dev)
@@ -167,7 +170,7 @@ def run_attention(case):
         opts.update(partition_size=case.get("partition_size"))
         args = (q, kc, vc, table, lens)
         fn = pa.paged_decode
-    out, obuf = sentinel_view(q.shape, torch.float32, dev, gen, rows_only=True)
+    out, obuf = sentinel_view(q.shape[:-1] + (dv,), torch.float32, dev, gen, rows_only=True)
     out.fill_(POISON)
     ob0 = obuf.clone()
     errors = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -228,6 +231,7 @@ def _run_plan(case, q, kc, vc, table, lens, out, errors):
     g = case
     plan = pa.plan_decode(plan_table, plan_lens, num_q_heads=q.shape[-2],
                           num_kv_heads=g["num_kv_heads"], head_dim=g["head_dim"],
+                          head_dim_v=g.get("head_dim_v"),
                           block_size=g["block_size"], num_blocks=g["num_blocks"],
                           q_dtype=q.dtype, q_len=q.shape[1] if q.dim() == 4 else 1,
                           layout=g["layout"], sliding_window=g.get("window"),

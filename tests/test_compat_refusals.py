@@ -104,7 +104,6 @@ REFUSALS = {
         lambda: F.BatchPrefillWithPagedKVCacheWrapper(WS, jit_kwargs={}),
     (f"{PRE}.__init__", "variant_owns_mask"):
         lambda: F.BatchPrefillWithPagedKVCacheWrapper(WS, variant_owns_mask=True),
-    (f"{PRE}.plan", "head_dim_vo"): lambda: fi_prefill(head_dim_vo=64),
     (f"{PRE}.plan", "pos_encoding_mode"): lambda: fi_prefill(pos_encoding_mode="ROPE_LLAMA"),
     (f"{PRE}.plan", "logits_soft_cap"): lambda: fi_prefill(logits_soft_cap=5.0, **ALIBI),
     (f"{PRE}.plan", "o_data_type"): lambda: fi_prefill(o_data_type=torch.bfloat16),
@@ -122,11 +121,8 @@ REFUSALS = {
     (f"{PRE}.run", "skip_softmax_threshold_scale_factor"):
         lambda: fi_prefill().run(Q1, CACHE, skip_softmax_threshold_scale_factor=1.0),
     (f"{PRE}.run", "uses_spcompress"): lambda: fi_prefill().run(Q1, CACHE, uses_spcompress=True),
-    ("sglang.decode_attention_fwd", "v_buffer"):
-        lambda: sg_decode(v_buffer=torch.randn(8, 2, 64).half()),
     ("sglang.decode_attention_fwd", "xai_temperature_len"):
         lambda: sg_decode(xai_temperature_len=8),
-    ("sglang.decode_attention_fwd", "has_mla"): lambda: sg_decode(has_mla=True),
     ("sglang.decode_attention_fwd", "k_scale"): lambda: sg_decode(k_scale=META),
     ("sglang.decode_attention_fwd", "score_mod"): lambda: sg_decode(score_mod=max),
     ("sglang.decode_attention_fwd", "aux_tensors"): lambda: sg_decode(aux_tensors=[Q1]),

@@ -110,10 +110,14 @@ def _paged(draw, case, need):
 
 
 def _geometry(draw, op):
+    """Block sizes 1 (token pools), 5 (not a power of 2: hybrid models' pages) and powers of 2;
+    head dims 32 and 20 (not a power of 2), V as wide as K or 24 wide."""
+    d = draw(st.sampled_from([32, 20]))
     return dict(op=op, seed=draw(st.integers(0, 2 ** 16)), layout=draw(st.sampled_from(LAYOUTS)),
-                block_size=draw(st.sampled_from([1, 4, 16])),
+                block_size=draw(st.sampled_from([1, 4, 5, 16])),
                 num_kv_heads=draw(st.sampled_from([1, 2])), group=draw(st.sampled_from([1, 2])),
-                head_dim=32, window=draw(st.sampled_from([None, None, 5])))
+                head_dim=d, head_dim_v=draw(st.sampled_from([d, d, 24])),
+                window=draw(st.sampled_from([None, None, 5])))
 
 
 def _malform(draw, case, kind):
@@ -136,8 +140,8 @@ def _malform(draw, case, kind):
     elif kind == "len_huge":
         lens[b] = draw(st.sampled_from([INT32_MAX, 2 ** 31 - cap, INT32_MAX - max(nq, 0)]))
     elif kind == "q_over_len":
-        if nq < 1:
-            return False
+        if nq < 1 or (case["op"] == "extend" and not case["causal"] and not case["k_new"]):
+            return False  # non-causal over the cache: more queries than keys is valid
         lens[b] = draw(st.integers(0, nq - 1))
     elif kind == "cu_nonmono":
         i = draw(st.integers(1, nseq))
@@ -219,7 +223,7 @@ def extend_cases(draw):
 
 @st.composite
 def store_cases(draw):
-    nb, bs = draw(st.integers(1, 6)), draw(st.sampled_from([1, 4, 16]))
+    nb, bs = draw(st.integers(1, 6)), draw(st.sampled_from([1, 4, 5, 16]))
     cap, t = nb * bs, draw(st.integers(1, 16))
     sdt = draw(st.sampled_from(["int32", "int64"]))
     slots = list(draw(st.permutations(range(cap))))[:t] + [-1] * max(0, t - cap)
@@ -247,7 +251,7 @@ def copy_cases(draw):
     block_id = st.one_of(st.integers(0, nb - 1), st.integers(0, nb - 1), st.integers(-2, nb + 1),
                          st.sampled_from([2 ** 40, -2 ** 31, INT32_MAX]))
     pairs = draw(st.lists(st.tuples(block_id, block_id), max_size=6))
-    layer = st.tuples(st.sampled_from(LAYOUTS), st.sampled_from([1, 4, 16]),
+    layer = st.tuples(st.sampled_from(LAYOUTS), st.sampled_from([1, 4, 5, 16]),
                       st.sampled_from(["float16", "float32", "float8_e4m3fn"]))
     return dict(op="copy_blocks", seed=draw(st.integers(0, 2 ** 16)), num_blocks=nb,
                 pairs=[list(p) for p in pairs], head_dim=32,

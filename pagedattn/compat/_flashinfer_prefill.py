@@ -31,6 +31,7 @@ class _PrefillState:
     alibi: Optional[torch.Tensor]
     q_dtype: torch.dtype
     kv_dtype: torch.dtype
+    head_dim_v: int  # V's (out's) head dim: FlashInfer's head_dim_vo
 
 
 def unpack_segment_bits(packed: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
@@ -120,8 +121,7 @@ class BatchPrefillWithPagedKVCacheWrapper(WrapperBase):
             an option pagedattn cannot honour, named.
         """
         self._plan = None  # a plan that fails leaves none behind
-        if head_dim_vo is not None and head_dim_vo != head_dim_qk:
-            refuse("head_dim_vo", head_dim_vo, "K and V share one head_dim in pagedattn")
+        head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
         for name, val in (("prefix_len_ptr", prefix_len_ptr),
                           ("token_pos_in_items_ptr", token_pos_in_items_ptr),
                           ("max_item_len_ptr", max_item_len_ptr)):
@@ -143,7 +143,7 @@ class BatchPrefillWithPagedKVCacheWrapper(WrapperBase):
             raise ValueError(f"qo_indptr: expected {b + 1} non-decreasing entries from 0, got "
                              f"{qo.tolist()[:8]}")
         lq = qo[1:] - qo[:-1]
-        over = torch.nonzero(lq > meta.host_lens)
+        over = torch.nonzero(lq > meta.host_lens) if causal else torch.zeros(0)
         if over.numel():
             i = int(over[0])
             raise ValueError(f"qo_indptr: request {i} has {int(lq[i])} queries but kv_len "
@@ -169,7 +169,7 @@ class BatchPrefillWithPagedKVCacheWrapper(WrapperBase):
         self._plan = _PrefillState(
             table, lens, cu, mask, mask_indptr, int(qo[-1]), int(lq.max()) if b else 0, causal,
             num_qo_heads, num_kv_heads, head_dim_qk, page_size, meta.max_page, sm_scale, cap,
-            alibi, q_dt, kv_dt)
+            alibi, q_dt, kv_dt, head_dim_vo)
         self._window = window
 
     def _stage_prefill(self, cu, mask, mask_indptr):
@@ -221,6 +221,9 @@ class BatchPrefillWithPagedKVCacheWrapper(WrapperBase):
                                st.max_page)
         if k.dtype != st.kv_dtype:
             raise TypeError(f"paged_kv_cache: the plan expects dtype {st.kv_dtype}, got {k.dtype}")
+        if v.shape[-1] != st.head_dim_v:
+            raise ValueError(f"paged_kv_cache: V's head dim {v.shape[-1]} differs from the plan's "
+                             f"head_dim_vo {st.head_dim_v}")
         window = self._window if window_left is None else \
             (window_left + 1 if window_left >= 0 else None)
         mult, ks, vs, post = self._scales(q_scale, k_scale, v_scale, k.dtype, st.num_kv_heads,

@@ -157,8 +157,12 @@ def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_l
     Raises
     ------
     NotImplementedError
-        ``has_mla``, ``xai_temperature_len > 0``, ``score_mod``/``aux_tensors``, or a V head
-        dim that differs from K's.
+        ``xai_temperature_len > 0``, ``score_mod``/``aux_tensors``.
+
+    MLA (``has_mla``, DeepSeek's absorbed decode): ``k_buffer`` is the latent pool
+    ``[num_slots, 1, 576]`` and ``v_buffer`` its first 512 columns (``k_buffer[..., :512]``),
+    as SGLang's MLA backends pass them; ``o`` is ``[batch, num_q_heads, 512]``. Any V width
+    runs (``v_buffer.shape[-1]``), with or without ``has_mla``.
     ValueError, TypeError
         from pagedattn's checks, naming the argument.
 
@@ -175,15 +179,10 @@ def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_l
     >>> bool(o.isfinite().all())
     True
     """
-    if has_mla:
-        refuse("has_mla", has_mla, "MLA's absorbed decode (one latent buffer, Dv != Dk) has no "
-               "pagedattn kernel")
     if xai_temperature_len is not None and xai_temperature_len > 0:
         refuse("xai_temperature_len", xai_temperature_len, "position-dependent logit "
                "temperature is not provided")
     _no_score_mod(score_mod, aux_tensors)
-    if v_buffer.shape[-1] != k_buffer.shape[-1]:
-        refuse("v_buffer", tuple(v_buffer.shape), "K and V share one head_dim in pagedattn")
     batch = q.shape[0]
     indptr = kv_indptr[: batch + 1]
     k, v, bs = _as_cache(k_buffer, v_buffer, page_size)
