@@ -1,6 +1,7 @@
 """Radix cache: argument checks that change nothing when they fail (lock ownership, slot
 ownership, `start` prefixes), LFU vs LRU order, the split's LRU parity with SGLang, and one
-result for every token input type (list, tuple, numpy, tensor, bytes)."""
+result for every token input type (list, tuple, numpy, tensor, bytes), and one rule for the ids
+every kind of token and slot input takes or refuses."""
 import re
 from array import array
 
@@ -291,3 +292,102 @@ def test_bad_token_inputs_are_typed():
         with pytest.raises(err, match="tokens"):
             cache.insert(bad, cache.pool.alloc(1))
     assert cache.total_size() == 0
+
+
+# Every integer dtype of each kind, with its smallest and largest id that fits int64 (uint64's
+# largest is 2**64 - 1: outside int64, refused below).
+INTEGER_KINDS = (
+    [(f"numpy {d}", lambda t, d=d: np.array(t, d), np.iinfo(d)) for d in
+     (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64)] +
+    [(f"tensor {d}", lambda t, d=d: torch.tensor(t, dtype=d), torch.iinfo(d)) for d in
+     (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32, torch.uint32,
+      torch.int64, torch.uint64)] +
+    [(f"array {c}", lambda t, c=c: array(c, t), np.iinfo(np.dtype(c))) for c in "bBhHiIlLqQ"])
+
+
+def test_every_integer_dtype_takes_the_ids_a_list_takes():
+    """Each kind's extreme ids (up to 2**63 - 1 for the unsigned 64-bit ones) give the key of
+    the same list and match what the list cached, strided views too."""
+    cache = RadixCache.create_simulated(512)
+    for kind, conv, info in INTEGER_KINDS:
+        ids = [int(info.min), 0, 1, min(int(info.max), 2**63 - 1)]
+        put(cache, ids)
+        want = cache.match_prefix(ids)
+        assert len(want.indices) == len(ids)
+        for toks in (conv(ids), conv([x for i in ids for x in (i, 0)])[::2]):
+            m = cache.match_prefix(toks)
+            assert (m.key, m.indices.tolist()) == (want.key, want.indices.tolist()), kind
+
+
+@pytest.mark.parametrize("value", [2**63, 2**64 - 1])
+def test_ids_outside_int64_are_refused_by_every_kind(value):
+    """An id >= 2**63 in a uint64 array or tensor is refused like the same int in a list; cast
+    to int64 it would match the cached id it wraps onto (2**64 - 1 onto -1). The same for the
+    slots of insert and pool.free: one in insert's already cached part would go unchecked."""
+    cache = RadixCache.create_simulated(8)
+    held = put(cache, [value - 2**64])                # the id a uint64 value wraps onto
+    mine = cache.pool.alloc(1)
+    kinds = [list, tuple, lambda t: [np.uint64(x) for x in t],
+             lambda t: np.array(t, np.uint64), lambda t: torch.tensor(t, dtype=torch.uint64),
+             lambda t: array("Q", t)]
+    before = state(cache)
+    for conv in kinds:
+        for call in (cache.match_prefix, cache.peek_prefix_len,
+                     lambda t: cache.insert(t, torch.cat([held, mine]))):
+            with pytest.raises(ValueError, match=r"^tokens: expected int64 token ids \("):
+                call(conv([value]))
+        slots = conv([value, int(mine)])          # value: the slot of the cached token
+        with pytest.raises(ValueError, match=r"^indices: expected int64 slot ids \("):
+            cache.insert([value - 2**64, 5], slots)
+        with pytest.raises(ValueError, match=r"^slots: expected int64 slot ids \("):
+            cache.pool.free(slots)
+        assert state(cache) == before
+    big = [2**64, -2**63 - 1]           # beyond uint64 and below int64: lists only
+    for bad in (big, [int(held), 2**64], [int(held), -2**63 - 1]):
+        with pytest.raises(ValueError, match="^indices: expected int64 slot ids"):
+            cache.insert([value - 2**64, 5], bad)
+    for bad in (big, [2**64], [-2**63 - 1]):
+        with pytest.raises(ValueError, match="^tokens: expected int64 token ids"):
+            cache.match_prefix(bad)
+    assert state(cache) == before
+
+
+def test_token_and_slot_arrays_must_be_1d():
+    """A 2-D (or 0-d) array or tensor is refused, not flattened."""
+    cache = RadixCache.create_simulated(8)
+    s = cache.pool.alloc(4)
+    before = state(cache)
+    for bad in (np.array([[1, 2], [3, 4]]), torch.tensor([[1, 2], [3, 4]], dtype=torch.int32),
+                np.zeros((0, 2), np.int64), np.array(5), torch.tensor(5)):
+        for call in (cache.match_prefix, cache.peek_prefix_len,
+                     lambda t: cache.insert(t, s)):
+            with pytest.raises(ValueError, match="^tokens: expected a 1-D"):
+                call(bad)
+    for bad in (s.reshape(2, 2), s.numpy().reshape(2, 2), s.reshape(1, 4).to(torch.int32),
+                s[0], s.numpy()[0:1].reshape(())):
+        with pytest.raises(ValueError, match="^indices: expected a 1-D"):
+            cache.insert([1, 2, 3, 4], bad)
+        with pytest.raises(ValueError, match="^slots: expected a 1-D"):
+            cache.pool.free(bad)
+    assert state(cache) == before
+
+
+def test_array_dtype_decides_not_its_contents():
+    """Bool, float, complex and object arrays and tensors are refused (TypeError) by dtype,
+    empty ones too, as a list of floats is; a bool in a list is the int 0 or 1, as in
+    Python."""
+    cache = RadixCache.create_simulated(8)
+    s = cache.pool.alloc(2)
+    before = state(cache)
+    for bad in (np.array([], np.float64), np.array([1.0]), np.array([True]), np.array([], bool),
+                np.array([1j]), np.array([1], object), torch.tensor([True]),
+                torch.tensor([], dtype=torch.bool), torch.tensor([], dtype=torch.float32),
+                array("d"), array("d", [1.0]), [1.0], (True, 2.5)):
+        with pytest.raises(TypeError, match="^tokens: "):
+            cache.match_prefix(bad)
+        with pytest.raises(TypeError, match="^indices: "):
+            cache.insert([], bad)
+        with pytest.raises(TypeError, match="^slots: "):
+            cache.pool.free(bad)
+    assert state(cache) == before
+    assert cache.match_prefix([True, False]).key == cache.match_prefix([1, 0]).key

@@ -117,7 +117,9 @@ def test_find_matches_the_python_walk(nat, ps, vocab):
     cache.check_integrity()
 
 
-def test_find_refuses_unaligned_bounds(nat):
+@pytest.mark.usefixtures("radix_path")
+def test_find_refuses_unaligned_bounds():
+    """C `find` and RadixCache._find refuse the same bounds (the callers round to pages)."""
     cache = RadixCache.create_simulated(64, page_size=4)
     key = encode_tokens_py(list(range(8)))
     for pos, n in [(8, 64), (0, 40), (-32, 64), (0, 72)]:

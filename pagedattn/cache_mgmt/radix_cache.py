@@ -324,8 +324,15 @@ class RadixCache:
         bytes, node the match ends inside or 0, page-aligned bytes matched inside it). A node
         matches whole only if it ends by `n`, so the match never reaches the partial page.
         The C helper `find` (bound in __init__) does the same.
+
+        Raises ValueError for bounds that are not page-aligned or not inside `key`, as `find`
+        does. NOTE: without the check an unaligned `n` would give the same result here (the
+        child lookup takes whole pages and `_common` rounds down), so a caller that forgot to
+        round would pass every test of results on this path and fail only on the C one.
         """
         kids, keys, pb, path = self._kids, self._key, self._pb, []
+        if pos < 0 or n > len(key) or pos % pb or n % pb:
+            raise ValueError("find: inconsistent page or key bounds")
         while pos < n:
             ch = kids.get(node)
             c = ch.get(key[pos:pos + pb]) if ch else None

@@ -10,7 +10,6 @@ tensor with one `torch.frombuffer` (`slots_tensor`).
 from __future__ import annotations
 
 import itertools
-import struct
 from array import array
 from typing import NamedTuple
 
@@ -18,21 +17,12 @@ import numpy as np
 import torch
 
 from . import native
+from .int64_ids import PACK_ERRORS, int64_array, int64_bytes, pack_error, packer
 
 __all__ = ["MatchResult", "NodeInfo", "encode_tokens", "encoder", "slots_tensor"]
 
 _TB = 8  # bytes per token in a key (int64)
 _NIDS = itertools.count(1)  # node ids, unique in the process: a foreign handle never resolves
-_PACKERS: dict = {}          # token count -> bound Struct.pack (no format parsing per call)
-
-
-def _packer(n: int):
-    p = _PACKERS.get(n)
-    if p is None:
-        if len(_PACKERS) >= 4096:        # bounded: request lengths vary without limit
-            _PACKERS.clear()
-        p = _PACKERS[n] = struct.Struct(f"{n}q").pack
-    return p
 
 
 def slots_tensor(vals: list) -> torch.Tensor:
@@ -67,8 +57,9 @@ def encode_tokens_py(tokens) -> bytes:
     Parameters
     ----------
     tokens : list[int] | tuple[int] | array.array | numpy.ndarray | torch.Tensor | bytes
-        Token ids; arrays and tensors of any integer dtype (tensors on any device, copied to
-        the host), or bytes from an earlier call. `array('q')` is copied as it is.
+        Token ids; 1-D arrays and tensors of any integer dtype (tensors on any device, copied
+        to the host), or bytes from an earlier call. `array('q')` is copied as it is. Every
+        kind takes and refuses the same ids (int64_ids.py).
 
     Returns
     -------
@@ -79,9 +70,12 @@ def encode_tokens_py(tokens) -> bytes:
     Raises
     ------
     TypeError
-        Non-integer tokens (floats, bools tensors, strings).
+        Non-integer tokens: floats or strings in a sequence; an array or tensor whose dtype is
+        not an integer one (bool, float, complex, object), even an empty one. A bool in a list
+        is the int 0 or 1.
     ValueError
-        A token outside int64, or bytes whose length is not a multiple of 8.
+        A token outside int64 (2**63 .. 2**64 - 1 in a uint64 array or tensor too), an array
+        or tensor that is not 1-D, or bytes whose length is not a multiple of 8.
 
     Examples
     --------
@@ -91,34 +85,18 @@ def encode_tokens_py(tokens) -> bytes:
     t = type(tokens)
     if t is list or t is tuple:
         try:
-            return _packer(len(tokens))(*tokens)
-        except struct.error as e:
-            bad = "out of range" in str(e)
-            raise (ValueError if bad else TypeError)(
-                f"tokens: expected int64 token ids ({e})") from None
+            return packer(len(tokens))(*tokens)
+        except PACK_ERRORS as e:
+            raise pack_error(e, "tokens", "token") from None
     if t is bytes:
         if len(tokens) % _TB:
             raise ValueError(f"tokens: bytes length {len(tokens)} is not a multiple of 8")
         return tokens
-    if t is array:                             # newer SGLang schedulers hold array('q')
-        if tokens.typecode in "ql" and tokens.itemsize == _TB:
-            return tokens.tobytes()
-        if tokens.typecode in "fdu":
-            raise TypeError(f"tokens: expected integer token ids, got array('{tokens.typecode}')")
-        return np.asarray(tokens, dtype=np.int64).tobytes()
-    if isinstance(tokens, np.ndarray):
-        if tokens.size and tokens.dtype.kind not in "iu":
-            raise TypeError(f"tokens: expected integer token ids, got dtype {tokens.dtype}")
-        return np.ascontiguousarray(tokens, dtype=np.int64).tobytes()
-    if isinstance(tokens, torch.Tensor):
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or \
-                tokens.dtype == torch.bool:
-            raise TypeError(f"tokens: expected integer token ids, got {tokens.dtype}")
-        return tokens.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()
-    try:
-        return _packer(len(tokens))(*tokens)
-    except (struct.error, TypeError) as e:
-        raise TypeError(f"tokens: expected a sequence of int64 token ids ({e})") from None
+    if t is array and tokens.typecode in "ql" and tokens.itemsize == _TB:
+        return tokens.tobytes()                # newer SGLang schedulers hold array('q')
+    if t is array or isinstance(tokens, (np.ndarray, torch.Tensor)):
+        return int64_array(tokens, "tokens", "token").tobytes()
+    return int64_bytes(tokens, "tokens", "token")     # other sequences: a list's rule
 
 
 def encode_tokens(tokens) -> bytes:

@@ -17,11 +17,14 @@ eviction (`_release_cached`). A pool serves at most one cache.
 """
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 import torch
 
 from . import native
 from .errors import CacheError, DoubleFree, ForeignId, OutOfBlocks
+from .int64_ids import int64_array, int64_bytes
 
 __all__ = ["TokenPool", "PagedTokenPool", "as_slot_array", "out_of_range"]
 
@@ -29,21 +32,19 @@ HELD, FREE, CACHED = 0, 1, 2     # slot states; nonzero = not the caller's to gi
 
 
 def as_slot_array(slots, name: str = "slots") -> np.ndarray:
-    """A 1-D int64 numpy view/copy of `slots` (torch tensor, numpy array or sequence of ints)."""
+    """A 1-D int64 numpy array of `slots` (CPU tensor, numpy array, array.array or sequence of
+    ints; a view when it already is one, not writable then). Every kind takes and refuses the
+    same ids (int64_ids.py): ValueError for an id outside int64 or an array that is not 1-D,
+    TypeError for non-integers; a tensor on another device is a ValueError."""
     if isinstance(slots, torch.Tensor):
         if slots.dtype == torch.int64 and slots.dim() == 1 and slots.is_cpu:
             return slots.numpy()          # fast path (integer tensors never require grad)
         if slots.device.type != "cpu":
             raise ValueError(f"{name}: expected a CPU tensor, got device {slots.device}")
-        if slots.dtype.is_floating_point or slots.dtype == torch.bool:
-            raise TypeError(f"{name}: expected an integer tensor, got {slots.dtype}")
-        arr = slots.detach().reshape(-1).numpy()
-    else:
-        arr = np.asarray(slots)
-        if arr.size and arr.dtype.kind not in "iu":
-            raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
-        arr = arr.reshape(-1)
-    return arr if arr.dtype == np.int64 else arr.astype(np.int64)
+        return int64_array(slots, name, "slot")
+    if isinstance(slots, (np.ndarray, array)):
+        return int64_array(slots, name, "slot")
+    return np.frombuffer(int64_bytes(slots, name, "slot"), np.int64)
 
 
 def out_of_range(arr: np.ndarray, size: int) -> bool:
