@@ -10,6 +10,7 @@ Tests run in the default mode of the public ops, as a user's calls do: no device
 ``validation_mode`` fixture.
 """
 import os
+import warnings
 
 import pytest
 import torch
@@ -64,6 +65,26 @@ def _no_recorded_launches():
     if triton_available():
         from pagedattn.triton_kernels import _replay
         _replay.clear()
+
+
+@pytest.fixture(autouse=True)
+def _bounds_checked(request):
+    """Tests marked ``bounds`` (``pytest.mark.bounds(extent=...)``, tests/bounds_check.py): every
+    load, store and atomic of an interpreted kernel is checked against its launch's tensor
+    arguments; an access outside them fails the test. On a GPU the kernels are compiled and
+    nothing is checked; an interpreter the checker cannot hook is a warning with the reason."""
+    marker = request.node.get_closest_marker("bounds")
+    if marker is None or HAS_GPU:
+        yield
+        return
+    import bounds_check
+    reason = bounds_check.unavailable()
+    if reason is not None:
+        warnings.warn(f"bounds checker off: {reason}", pytest.PytestWarning)
+        yield
+        return
+    with bounds_check.checking(**marker.kwargs):
+        yield
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import torch
 import pagedattn as pa
 from attn_utils import assert_attn_close, dense_attention, dense_kv, make_paged_batch
 
+pytestmark = pytest.mark.bounds(extent="view")
 PD = importlib.import_module("pagedattn.triton_kernels.decode")
 SENTINEL = 3.0e4
 
