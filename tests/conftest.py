@@ -83,8 +83,19 @@ def _bounds_checked(request):
         warnings.warn(f"bounds checker off: {reason}", pytest.PytestWarning)
         yield
         return
-    with bounds_check.checking(**marker.kwargs):
+    with bounds_check.checking(**marker.kwargs, raise_at_exit=False) as checker:
         yield
+    call = getattr(request.node, "_call_report", None)
+    if checker.violations and not (call is not None and call.failed):  # swallowed by the test
+        pytest.fail(f"out-of-bounds access(es), the exception swallowed:\n{checker.report()}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's call-phase report on the item (``_call_report``), for fixtures' teardown."""
+    outcome = yield
+    if call.when == "call":
+        item._call_report = outcome.get_result()
 
 
 @pytest.fixture

@@ -1,6 +1,10 @@
 """The bounds checker itself (tests/bounds_check.py): a tiny kernel whose every memory op reaches
 one element past its tensor is refused, naming the kernel, the op and the tensor; the same
 kernel in range, or with the stray lane masked off, runs and writes what it should."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -154,3 +158,39 @@ def test_hooks_are_removed_after_the_block():
     assert (interp.GridExecutor.__call__, interp.GridExecutor._init_args_hst) == before
     assert "create_masked_load" not in vars(interp.interpreter_builder)
     _launch("load", 1, N + 1, buf_extra=N)  # unchecked again: runs (reads the buffer's rest)
+
+
+MARKED = '''
+import pytest
+import torch
+from test_bounds_check import _launch, N
+
+@pytest.mark.bounds
+def test_swallowed():
+    try:
+        _launch("store", 1, N + 1)  # x[N]: refused
+    except Exception:
+        pass
+
+@pytest.mark.bounds(extent="view")
+def test_in_range():
+    _launch("load", 0, N)
+
+def test_unmarked():
+    _launch("load", 1, N + 1, buf_extra=N)  # inside x's buffer: unchecked, runs
+'''
+
+
+def test_the_bounds_marker_fails_a_test_that_swallows_the_violation(tmp_path):
+    """tests/conftest.py's fixture on tests marked ``bounds``, run by a pytest of its own."""
+    (tmp_path / "test_marked.py").write_text(MARKED)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p",
+                        "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning",
+                        str(tmp_path / "test_marked.py")], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=300)
+    out = r.stdout + r.stderr
+    assert "3 passed, 1 error" in out, out  # test_swallowed's call passes, its teardown fails
+    assert "ERROR test_marked.py::test_swallowed" in out and "the exception swallowed" in out
+    assert "_touch: tl.store" in out, out
