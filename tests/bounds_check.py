@@ -99,11 +99,12 @@ def unavailable() -> Optional[str]:
     executor = getattr(interp, "GridExecutor", None)
     if builder is None or executor is None:
         return f"{where}: no interpreter_builder or GridExecutor"
-    for owner, ops in ((builder, _BUILDER_OPS), (executor, _EXECUTOR)):
+    for owner, label, ops in ((builder, "interpreter_builder", _BUILDER_OPS),
+                              (executor, "GridExecutor", _EXECUTOR)):
         for name, params in ops.items():
             fn = getattr(owner, name, None)
             if fn is None:
-                return f"{where}: no {type(owner).__name__}.{name}"
+                return f"{where}: no {label}.{name}"
             if params is not None:
                 got = tuple(inspect.signature(fn).parameters)
                 if got[-len(params):] != params or len(got) > len(params) + 1:

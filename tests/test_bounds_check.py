@@ -160,6 +160,23 @@ def test_hooks_are_removed_after_the_block():
     _launch("load", 1, N + 1, buf_extra=N)  # unchecked again: runs (reads the buffer's rest)
 
 
+def test_missing_interpreter_internals_are_named(monkeypatch):
+    """A triton whose interpreter lacks a hooked method, or changed its parameters: the reason
+    names it, and checking() refuses to start (instead of checking nothing)."""
+    from triton.runtime import interpreter as interp
+    monkeypatch.delattr(interp.GridExecutor, "_init_args_hst")
+    assert "no GridExecutor._init_args_hst" in BC.unavailable()
+    monkeypatch.undo()
+    monkeypatch.setattr(interp.interpreter_builder, "create_masked_store",
+                        lambda ptrs, mask, value, cache_policy: None)
+    assert "create_masked_store('ptrs', 'mask', 'value'" in BC.unavailable()
+    with pytest.raises(RuntimeError, match="bounds checker unavailable"):
+        with BC.checking():
+            pass
+    monkeypatch.undo()
+    assert BC.unavailable() is None
+
+
 MARKED = '''
 import pytest
 import torch
