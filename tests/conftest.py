@@ -10,6 +10,7 @@ Tests run in the default mode of the public ops, as a user's calls do: no device
 ``validation_mode`` fixture.
 """
 import os
+import warnings
 
 import pytest
 import torch
@@ -64,6 +65,37 @@ def _no_recorded_launches():
     if triton_available():
         from pagedattn.triton_kernels import _replay
         _replay.clear()
+
+
+@pytest.fixture(autouse=True)
+def _bounds_checked(request):
+    """Tests marked ``bounds`` (``pytest.mark.bounds(extent=...)``, tests/bounds_check.py): every
+    load, store and atomic of an interpreted kernel is checked against its launch's tensor
+    arguments; an access outside them fails the test. On a GPU the kernels are compiled and
+    nothing is checked; an interpreter the checker cannot hook is a warning with the reason."""
+    marker = request.node.get_closest_marker("bounds")
+    if marker is None or HAS_GPU:
+        yield
+        return
+    import bounds_check
+    reason = bounds_check.unavailable()
+    if reason is not None:
+        warnings.warn(f"bounds checker off: {reason}", pytest.PytestWarning)
+        yield
+        return
+    with bounds_check.checking(**marker.kwargs, raise_at_exit=False) as checker:
+        yield
+    call = getattr(request.node, "_call_report", None)
+    if checker.violations and not (call is not None and call.failed):  # swallowed by the test
+        pytest.fail(f"out-of-bounds access(es), the exception swallowed:\n{checker.report()}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's call-phase report on the item (``_call_report``), for fixtures' teardown."""
+    outcome = yield
+    if call.when == "call":
+        item._call_report = outcome.get_result()
 
 
 @pytest.fixture

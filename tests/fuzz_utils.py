@@ -17,8 +17,12 @@ output. Checks:
 * the caches are untouched by attention ops and by a raise; store_kv and copy_blocks write exactly
   the entries the guards keep, and nothing else;
 * the errors counter is > 0 exactly when rows were guarded (NaN), and for store_kv and copy_blocks
-  it counts the skipped entries.
+  it counts the skipped entries;
+* under the interpreter, no load, store or atomic of any kernel reaches outside the tensors of its
+  launch (tests/bounds_check.py, extent "view": a cache's own bytes, not the sentinel buffer
+  around it), checked at the access: an out-of-bounds lane fails the case before it is made.
 """
+import contextlib
 import faulthandler
 import inspect
 import json
@@ -371,13 +375,21 @@ def worker():
     reply = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     import pagedattn  # noqa: F401  (import once, before the first case)
-    reply.write("ready\n")
+    bounds_off = None  # why the bounds checker cannot run under this interpreter
+    if device().type == "cpu":
+        import bounds_check
+        bounds_off = bounds_check.unavailable()
+    reply.write(json.dumps({"ready": True, "bounds_off": bounds_off}) + "\n")
     reply.flush()
     for line in sys.stdin:
         case = json.loads(line)
         print(f"case: {line.strip()}", file=sys.stderr, flush=True)  # the last one names a crash
         try:
-            RUNNERS[case["op"]](case)
+            checked = contextlib.nullcontext()
+            if device().type == "cpu" and bounds_off is None:
+                checked = bounds_check.checking(extent="view")
+            with checked:
+                RUNNERS[case["op"]](case)
             msg = None
         except AssertionError as e:
             msg = str(e)

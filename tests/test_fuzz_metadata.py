@@ -7,7 +7,9 @@ query tokens than keys; cu_seqlens_q non-monotone or outside q; max_q_len below 
 count; a mask_indptr outside the mask; store_kv slots past the cache or repeated; copy_blocks ids
 out of range, repeated destinations, destinations that are sources; and for run_decode, metadata
 changed after the plan. tests/fuzz_utils.py states the checks and runs each case in a worker
-process: a crash fails the case (hypothesis then shrinks it) and the worker restarts.
+process: a crash fails the case (hypothesis then shrinks it) and the worker restarts. Under the
+interpreter the worker runs every case with the bounds checker (tests/bounds_check.py): a load or
+store outside the launch's tensors fails the case at the access, before it can crash the worker.
 """
 import json
 import math
@@ -16,6 +18,7 @@ import select
 import subprocess
 import sys
 import tempfile
+import warnings
 
 import pytest
 import torch
@@ -51,7 +54,9 @@ class Worker:
         self.proc = subprocess.Popen([sys.executable, "-u", os.path.join(HERE, "fuzz_utils.py")],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, cwd=HERE, env=env, text=True)
-        self._reply(120, "start")
+        start = json.loads(self._reply(120, "start"))
+        if start["bounds_off"]:  # the worker runs the cases without the bounds checker
+            warnings.warn(f"bounds checker off: {start['bounds_off']}", pytest.PytestWarning)
 
     def _reply(self, timeout, what):
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)

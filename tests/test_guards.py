@@ -2,7 +2,10 @@
 sync): a sequence or request with an invalid block id, length, query range or mask range gets
 NaN rows (out and lse), counted in the errors tensor; every other row of the batch is the
 oracle's; nothing outside the given tensors is read (the caches sit inside larger buffers whose
-outside holds a huge sentinel, which a stray read would carry into a valid row)."""
+outside holds a huge sentinel, which a stray read would carry into a valid row). Under the
+interpreter every load, store and atomic is also checked at the access against the bytes of the
+launch's tensor views (marker ``bounds``, tests/bounds_check.py): a stray id fails the test with
+the kernel, the op and the address, before the access is made."""
 import importlib
 
 import pytest
@@ -11,6 +14,7 @@ import torch
 import pagedattn as pa
 from attn_utils import assert_attn_close, dense_attention, dense_kv, make_paged_batch
 
+pytestmark = pytest.mark.bounds(extent="view")
 PD = importlib.import_module("pagedattn.triton_kernels.decode")
 SENTINEL = 3.0e4
 
