@@ -261,11 +261,12 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     val = V.validate_enabled(validate, name)
     # Without max_q_len the grid needs the longest query count: one host sync, which also checks
     # cu_seqlens_q whole (a clear error). With max_q_len and validation off (CUDA-graph capture)
-    # nothing is read on the host: the kernels guard cu_seqlens_q themselves.
-    if (val or max_q_len is None) and nseq:
+    # nothing is read on the host: the kernels guard cu_seqlens_q themselves. Validation checks
+    # an empty batch's cu_seqlens_q too (it must be [0] with q empty).
+    if val or (max_q_len is None and nseq):
         cu = V.check_indptr("cu_seqlens_q", cu_seqlens_q, q.shape[0], nseq)
         lq = cu[1:] - cu[:-1]
-        if max_q_len is None:
+        if max_q_len is None and nseq:
             max_q_len = int(lq.max())
     if val:
         V._check_scale_values("k_scale", opts.k_scale)

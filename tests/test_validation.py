@@ -229,3 +229,21 @@ def test_copy_blocks_rejects():
         pa.copy_blocks([kc], [vc, vc], [(1, 3)], backend="torch")
     with pytest.raises(ValueError, match="block_mapping"):
         pa.copy_blocks(kc, vc, torch.zeros(2, 3, dtype=torch.int64), backend="torch")
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("validate", [None, True, False])
+def test_extend_empty_batch_returns_empty(backend, validate):
+    """No requests at all (cu_seqlens_q = [0]): empty out and lse in every validation mode."""
+    a = _good()
+    q = torch.randn(0, HQ, D)
+    out, lse = pa.extend_attention(q, a["k_cache"], a["v_cache"], a["block_table"][:0],
+                                   torch.tensor([0], dtype=torch.int32), a["seq_lens"][:0],
+                                   backend=backend, validate=validate, return_lse=True)
+    assert out.shape == (0, HQ, D) and lse.shape == (0, HQ)
+    assert lse.dtype == torch.float32
+    if validate or (validate is None and backend == "torch"):
+        with pytest.raises(ValueError, match="cu_seqlens_q"):  # q rows without a request
+            pa.extend_attention(torch.randn(2, HQ, D), a["k_cache"], a["v_cache"],
+                                a["block_table"][:0], torch.tensor([0], dtype=torch.int32),
+                                a["seq_lens"][:0], backend=backend, validate=validate)
