@@ -6,6 +6,7 @@ import torch
 
 from pagedattn import config, dispatch
 from pagedattn import validation as V
+from pagedattn.aliasing import check_disjoint, check_no_self_overlap
 from pagedattn.layouts import check_layout
 
 
@@ -321,7 +322,10 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     Raises
     ------
     TypeError, ValueError
-        on a malformed argument, a stride-0 (expanded) cache among them: its writes would alias.
+        on a malformed argument, a stride-0 (expanded) cache among them: its writes would alias;
+        and when k_cache and v_cache share memory (one tensor, or views whose elements meet), as
+        V would overwrite K. Disjoint views of one storage, such as ``kv[:, 0]`` and
+        ``kv[:, 1]`` of a ``[num_blocks, 2, ...]`` tensor, are fine.
 
     Examples
     --------
@@ -344,7 +348,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                    device=dev)
     V.check_shape("slot_mapping", slot_mapping, (k.shape[0],))
     errors = V.check_errors(errors, dev)
-    _check_no_overlap(k_cache=k_cache, v_cache=v_cache)
+    check_no_self_overlap(k_cache=k_cache, v_cache=v_cache)
+    check_disjoint("v_cache", v_cache, "k_cache", k_cache)
     ks = V._norm_kv_scale("k_scale", k_scale, k_cache.dtype, g.num_kv_heads, dev)
     vs = V._norm_kv_scale("v_scale", v_scale, k_cache.dtype, g.num_kv_heads, dev)
     key = None
@@ -366,15 +371,6 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         return
     impl.store_kv(k, v, k_cache, v_cache, slot_mapping, layout=layout, geom=g, k_scale=ks,
                   v_scale=vs, errors=errors)
-
-
-def _check_no_overlap(**caches):
-    """Write targets must not alias themselves: a stride-0 (expanded) dim of size > 1 would
-    send several writes to one element."""
-    for name, c in caches.items():
-        if any(st == 0 and n > 1 for n, st in zip(c.shape, c.stride())):
-            raise ValueError(f"{name}: a write target with a stride-0 (expanded) dimension, "
-                             f"shape {tuple(c.shape)} strides {c.stride()}: the writes would alias")
 
 
 def copy_blocks(k_cache: Union[torch.Tensor, Sequence[torch.Tensor]],
@@ -417,7 +413,7 @@ def copy_blocks(k_cache: Union[torch.Tensor, Sequence[torch.Tensor]],
         V.check_tensor(f"cache[{i}]", c, dtypes=V.KV_DTYPES, device=dev, last_contig=False)
         if c.shape[0] != ks[0].shape[0]:
             raise ValueError(f"cache[{i}]: num_blocks {c.shape[0]} differs from {ks[0].shape[0]}")
-        _check_no_overlap(**{f"cache[{i}]": c})
+        check_no_self_overlap(**{f"cache[{i}]": c})
     if not isinstance(block_mapping, torch.Tensor):
         block_mapping = torch.tensor(list(block_mapping), dtype=torch.int64).reshape(-1, 2)
     V.check_tensor("block_mapping", block_mapping, dtypes=(torch.int32, torch.int64),
