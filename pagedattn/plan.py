@@ -89,11 +89,17 @@ def plan_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_head
 
 
 def run_decode(plan: DecodePlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               *, out: Optional[torch.Tensor] = None, return_lse: bool = False):
+               *, out: Optional[torch.Tensor] = None, return_lse: bool = False,
+               errors: Optional[torch.Tensor] = None):
     """Paged decode of one layer with a plan: checks q and the caches against it, then launches.
 
+    ``out`` and ``return_lse`` are as in :func:`pagedattn.paged_decode`, and so is ``errors``
+    (int32 ``[1]`` on q's device): the plan checked the metadata once, so the kernels' guards
+    act only on metadata changed on the device since (a CUDA-graph replay's new table); the
+    guarded rows are NaN and counted there, with no host sync.
+
     Raises ``ValueError``/``TypeError`` when q's shape or dtype, or the caches' geometry, layout
-    or dtype differ from the plan's.
+    or dtype differ from the plan's, or ``errors`` is not one int32 element on q's device.
     """
     if not isinstance(q, torch.Tensor) or tuple(q.shape) != plan.q_shape:
         raise ValueError(f"q: the plan expects shape {plan.q_shape}, got "
@@ -111,9 +117,10 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache
     if k_cache.device != dev:
         raise ValueError(f"k_cache: expected device {dev}, got {k_cache.device}")
     out = V.check_out(out, q)
+    errors = V.check_errors(errors, dev)
     impl = dispatch.load(plan.backend)
     call = V.DecodeCall(q, k_cache, v_cache, plan.block_table, plan.seq_lens, plan.layout, g,
-                        plan.opts, plan.partition_size, out, return_lse, False)
+                        plan.opts, plan.partition_size, out, return_lse, False, errors)
     if q.shape[0] == 0:
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=dev)
         return (out, lse) if return_lse else out
