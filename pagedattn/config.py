@@ -38,7 +38,7 @@ _DECLARED = (
         "skipped writes)"),
     Var("PAGEDATTN_PARTITION_SIZE", "int", "auto",
         "split-KV partition in tokens for decode (`auto`: 512, 256 when the GQA group is larger "
-        "than 15); a multiple of the block size", ("auto",)),
+        "than 15); a power of 2", ("auto",)),
     Var("PAGEDATTN_LAUNCH_REPLAY", "bool", "1",
         "eager GPU decode calls relaunch the recorded launches of metadata seen before "
         "(49-124 us of host time per decode instead of 121-399 on the H200)"),

@@ -286,13 +286,13 @@ def attn_options(*, q, g, kv_dtype, scale, k_scale, v_scale, sliding_window, log
 
 
 def check_partition_size(partition_size):
+    name = "partition_size"
     if partition_size is None:
-        partition_size = config.get("PAGEDATTN_PARTITION_SIZE")
+        partition_size, name = config.get("PAGEDATTN_PARTITION_SIZE"), "PAGEDATTN_PARTITION_SIZE"
     if partition_size is not None:
         if isinstance(partition_size, bool) or not isinstance(partition_size, int) \
                 or partition_size <= 0 or partition_size & (partition_size - 1):
-            raise ValueError(f"partition_size: expected a positive power of 2, got "
-                             f"{partition_size!r}")
+            raise ValueError(f"{name}: expected a positive power of 2, got {partition_size!r}")
     return partition_size
 
 

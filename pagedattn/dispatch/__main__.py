@@ -93,6 +93,12 @@ def all_archs_table() -> str:
 
 
 def main(argv) -> int:
+    from pagedattn import config
+    try:
+        config.validate_all()
+    except ValueError as e:
+        print(f"python -m pagedattn.dispatch: {e}", file=sys.stderr)
+        return 2
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     arch = detect_arch(dev)
     facts = device_facts(dev)
