@@ -161,6 +161,17 @@ def test_cpu_without_interpreter_is_torch():
     assert any("TRITON_INTERPRET is not set" in r for r in dec.reasons)
 
 
+@pytest.mark.parametrize("arch", ["cpu", "sm_90"])
+def test_without_triton_the_reason_is_the_missing_package(arch):
+    """On a CPU as on a GPU: neither a GPU nor TRITON_INTERPRET helps when triton is absent."""
+    for interpret in (False, True):
+        dec = _sel("paged_decode", arch, dtype=F16, head_dim=64, block_size=16, group=1,
+                   interpret=interpret, has_triton=False)
+        assert dec.backend != "triton"
+        assert "triton skipped: triton is not installed" in dec.reasons, dec.describe()
+        assert not any("TRITON_INTERPRET" in r for r in dec.reasons), dec.describe()
+
+
 def test_features_and_layouts_route_away_from_hip(hip_first):
     base = dict(dtype=BF16, head_dim=128, block_size=16, group=4)
     assert _sel("paged_decode", "gfx942", features={"sinks"}, **base).backend == "triton"

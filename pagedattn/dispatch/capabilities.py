@@ -109,10 +109,11 @@ def unsupported(backend: str, op: str, arch: ArchFacts, *, dtype=None, kv_dtype=
                 head_dim: Optional[int] = None, block_size: Optional[int] = None,
                 group: Optional[int] = None, layout: Optional[str] = None,
                 features: FrozenSet[str] = frozenset(), interpret: bool = False,
-                q_len: int = 1) -> list:
+                q_len: int = 1, has_triton: bool = True) -> list:
     """Reasons the declared table of ``backend`` rules the call out ([] = declared supported).
 
-    A fact given as None (unknown, or not meaningful for the op) is not checked.
+    A fact given as None (unknown, or not meaningful for the op) is not checked. has_triton:
+    whether ``import triton`` works here (without it no GPU or interpreter setting helps).
     """
     caps = CAPS[backend]
     oc = caps.ops.get(op)
@@ -120,7 +121,9 @@ def unsupported(backend: str, op: str, arch: ArchFacts, *, dtype=None, kv_dtype=
         return [f"{backend} does not implement {op}"]
     why = []
     gpu = arch.vendor != "cpu"
-    if caps.where == GPU_OR_INTERPRETER and not gpu and not interpret:
+    if caps.where == GPU_OR_INTERPRETER and not has_triton:
+        why.append("triton is not installed")
+    elif caps.where == GPU_OR_INTERPRETER and not gpu and not interpret:
         why.append("tensors are on the CPU and TRITON_INTERPRET is not set")
     if caps.where == HIP_BUILD and not arch.hip_built:
         why.append(f"the HIP extension is not built for {arch.arch} "

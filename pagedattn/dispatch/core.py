@@ -186,7 +186,7 @@ def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[
            partition_size: Optional[int] = None, num_cus: Optional[int] = None,
            interpret: bool = False, backend: str = "auto", forced_by: str = "backend=",
            rejected: Tuple[Tuple[str, Tuple[str, ...]], ...] = (),
-           checked: Tuple[V.Check, ...] = ()) -> Decision:
+           checked: Tuple[V.Check, ...] = (), has_triton: bool = True) -> Decision:
     """The backend, variant and parameters for one call, from plain facts (pure, cached).
 
     arch: ``detect_arch()``'s string. dtype: q's dtype; kv_dtype: the cache's (default dtype).
@@ -194,6 +194,7 @@ def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[
     q_len: decode query tokens per sequence (> 1: speculative decoding).
     num_seqs, num_kv_heads, max_seq_len: the decode variant's inputs (None = unknown).
     num_cus: the device's CU/SM count (default: the arch table's). interpret: TRITON_INTERPRET.
+    has_triton: whether ``import triton`` works (the Triton backend's first condition).
     backend: "auto" or a forced backend (``forced_by`` names the override in messages).
     rejected: (backend, reasons) pairs its module's ``supports()`` gave at call time.
     checked: this device's self-check results for ``op``; auto picks only trusted backends.
@@ -221,13 +222,13 @@ def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[
         features |= {"spec_decode"}
     return _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, features,
                    int(q_len), fills, short, partition_size, cus, bool(interpret), backend, forced_by,
-                   tuple(rejected), tuple(checked))
+                   tuple(rejected), tuple(checked), bool(has_triton))
 
 
 @functools.lru_cache(maxsize=4096)
 def _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, features, q_len,
             fills, short, partition_size, cus, interpret, backend, forced_by, rejected,
-            checked) -> Decision:
+            checked, has_triton) -> Decision:
     facts = arch_facts(arch)._replace(num_cus=cus)
     f = dict(group=group, block_size=block_size, features=features, fills=fills, short=short,
              partition_size=partition_size)
@@ -236,7 +237,8 @@ def _select(op, arch, dtype, kv_dtype, head_dim, block_size, group, layout, feat
     def why_not(name):
         return C.unsupported(name, op, facts, dtype=dtype, kv_dtype=kv_dtype, head_dim=head_dim,
                              block_size=block_size, group=group, layout=layout,
-                             features=features, interpret=interpret, q_len=q_len) \
+                             features=features, interpret=interpret, q_len=q_len,
+                             has_triton=has_triton) \
             + list(late.get(name, ()))
 
     def decide(name, notes):
@@ -354,7 +356,7 @@ def resolve_decision(op: str, backend: str = "auto", **facts) -> Decision:
     ``supports()`` has the final word: in auto mode a refusal moves on to the next backend (the
     refusal is listed in the reasons); a forced backend that refuses raises ValueError.
     """
-    from pagedattn._triton import interpreter_enabled
+    from pagedattn._triton import interpreter_enabled, triton_available
 
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {['auto', *BACKENDS]}, got {backend!r}")
@@ -367,7 +369,7 @@ def resolve_decision(op: str, backend: str = "auto", **facts) -> Decision:
     rejected = ()
     for _ in range(len(BACKENDS) + 1):
         d = select(op, arch, interpret=interpreter_enabled(), backend=backend,
-                   forced_by=forced_by, rejected=rejected, **plain)
+                   forced_by=forced_by, rejected=rejected, has_triton=triton_available(), **plain)
         why = _runtime_reasons(d.backend, op, facts)
         if not why:
             return V.warn_reference_fallback(d, op)
