@@ -141,7 +141,8 @@ def throughput_table(*, num_seqs: int, decode: int, block_size: int, seed: int) 
 # ############################################# main #############################################
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="pagedattn-bench block-manager",
+                               description=__doc__.splitlines()[0])
     ap.add_argument("--num-seqs", type=int, default=10_000)
     ap.add_argument("--decode", type=int, default=16, help="append_slot calls per sequence")
     ap.add_argument("--block-size", type=int, default=16)
