@@ -91,7 +91,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     """
     check_layout(layout)
     g = V.check_cache(k_cache, v_cache, layout)
-    V.check_q_and_heads(q, g, k_cache.dtype, k_cache.device, dims=(3, 4))
+    V.check_q_and_heads(q, g, k_cache.dtype, k_cache.device, dims=(3, 4), layout=layout)
     V.check_table(block_table, seq_lens, q.shape[0], q.device)
     opts = V.attn_options(q=q, g=g, kv_dtype=k_cache.dtype, scale=scale, k_scale=k_scale,
                           v_scale=v_scale, sliding_window=sliding_window, logit_cap=logit_cap,
@@ -221,7 +221,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """
     check_layout(layout)
     g = V.check_cache(k_cache, v_cache, layout)
-    V.check_q_and_heads(q, g, k_cache.dtype, k_cache.device)
+    V.check_q_and_heads(q, g, k_cache.dtype, k_cache.device, layout=layout)
     dev = q.device
     V.check_tensor("cu_seqlens_q", cu_seqlens_q, dim=1, dtypes=(torch.int32,), device=dev)
     nseq = cu_seqlens_q.shape[0] - 1

@@ -71,7 +71,7 @@ def plan_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_head
     g = V.check_cache(k_meta, v_meta, layout)
     q_shape = (seq_lens.shape[0],) + ((q_len,) if q_len > 1 else ()) + (num_q_heads, head_dim)
     q_meta = torch.empty(q_shape, dtype=q_dtype, device="meta")
-    V.check_q_and_heads(q_meta, g, kv_dtype, q_meta.device, dims=(3, 4))
+    V.check_q_and_heads(q_meta, g, kv_dtype, q_meta.device, dims=(3, 4), layout=layout)
     V.check_table(block_table, seq_lens, q_shape[0], dev)
     opts = V.attn_options(q=torch.empty(0, num_q_heads, head_dim, device=dev), g=g,
                           kv_dtype=kv_dtype, scale=scale, k_scale=k_scale, v_scale=v_scale,

@@ -227,18 +227,39 @@ def check_cache(k_cache, v_cache, layout) -> L.CacheGeometry:
     return g
 
 
-def check_q_and_heads(q, g: L.CacheGeometry, kv_dtype, device, *, dims=(3,)):
+def _layout_hint(hq: int, d: int, g: L.CacheGeometry, kv_dtype, layout) -> str:
+    """'; is k_cache in layout X? ...' when the K cache's shape, read in another layout of its
+    rank (the dims permuted: bshd swaps block_size and num_kv_heads against bhsd), would fit q's
+    heads and head_dim; '' otherwise (or without a layout)."""
+    try:
+        shape = L.kv_cache_shapes(*g, layout, kv_dtype)[0]
+    except (ValueError, TypeError):
+        return ""
+    meta = torch.empty(shape, device="meta")
+    for other in L.LAYOUTS:
+        try:
+            g2 = L.cache_geometry(meta, other)
+        except ValueError:  # another rank
+            continue
+        if g2 != g and g2.head_dim == d and g2.num_kv_heads and hq % g2.num_kv_heads == 0:
+            return f"; is k_cache in layout {other!r}? pass layout={other!r}"
+    return ""
+
+
+def check_q_and_heads(q, g: L.CacheGeometry, kv_dtype, device, *, dims=(3,), layout=None):
     check_tensor("q", q, dtypes=Q_DTYPES, device=device)
     if q.dim() not in dims:
         raise ValueError(f"q: expected {' or '.join(f'{d}-D' for d in dims)} "
                          f"[tokens, num_q_heads, head_dim], got {_desc(q)}")
     hq, d = q.shape[-2], q.shape[-1]
     if d != g.head_dim:
-        raise ValueError(f"q: head_dim {d} differs from the cache's head_dim {g.head_dim}")
+        raise ValueError(f"q: head_dim {d} differs from the cache's head_dim {g.head_dim}"
+                         + _layout_hint(hq, d, g, kv_dtype, layout))
     if d not in HEAD_DIMS:
         raise ValueError(f"q: head_dim {d} unsupported; supported: {HEAD_DIMS}")
     if hq % g.num_kv_heads:
-        raise ValueError(f"q: num_q_heads {hq} is not a multiple of num_kv_heads {g.num_kv_heads}")
+        raise ValueError(f"q: num_q_heads {hq} is not a multiple of num_kv_heads {g.num_kv_heads}"
+                         + _layout_hint(hq, d, g, kv_dtype, layout))
     if not is_fp8(kv_dtype) and kv_dtype != q.dtype:
         raise TypeError(f"k_cache: dtype {kv_dtype} must equal q's dtype {q.dtype} (or be fp8 "
                         "with scales)")
