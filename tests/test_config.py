@@ -122,3 +122,15 @@ def test_partition_size_from_the_environment_names_the_variable(monkeypatch):
     with pytest.raises(ValueError, match="^partition_size: expected a positive power of 2"):
         pa.paged_decode(*args, backend="torch", partition_size=48)
     assert pa.paged_decode(*args, backend="torch").shape == (1, 2, 64)
+
+
+def test_every_cache_lives_under_the_cache_dir(monkeypatch, tmp_path):
+    """PAGEDATTN_CACHE_DIR moves every download and build, the tests' peer wheels included
+    (they went to ~/.cache whatever it said)."""
+    import compat_peers
+
+    from pagedattn.bench import _sglang_peer
+    monkeypatch.setenv("PAGEDATTN_CACHE_DIR", str(tmp_path))
+    assert config.cache_dir() == str(tmp_path)
+    assert compat_peers.cache_dir() == str(tmp_path / "peer_wheels")
+    assert _sglang_peer.cache_root() == str(tmp_path / "sglang-peer")
