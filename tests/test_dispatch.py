@@ -1,4 +1,4 @@
-"""Backend selection (TESTING.md §D9): arch facts, the pure decision table, shape
+"""Backend selection (docs/dispatch.md): arch facts, the pure decision table, shape
 rules and overrides. The declared-capability tables against the backends, "declared => really
 runs", explain and the CLI are in test_dispatch_runs.py."""
 import importlib

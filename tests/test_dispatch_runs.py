@@ -1,4 +1,4 @@
-"""Backend selection (TESTING.md §D9): explain and the CLI, the declared-capability
+"""Backend selection (docs/dispatch.md): explain and the CLI, the declared-capability
 tables against the backends, and "declared => really runs" (through the public op, against the
 independent dense oracle). The pure decision table is in test_dispatch.py."""
 import importlib

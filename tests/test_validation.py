@@ -1,4 +1,5 @@
-"""Bad inputs of TESTING.md §D7: a typed error naming the argument, before any launch."""
+"""Bad inputs: a typed error naming the argument, before any launch (docs/layout.md, "Malformed
+metadata")."""
 import pytest
 import torch
 

@@ -4,8 +4,9 @@
   fork -> append_slot on every child (one copy-on-write each) -> free, plus ``get_block_table``
   for batches of 256; with prefix caching off and on (every prompt shares a 64-token system
   prompt). Wall-clock ops/s of the Python manager, one thread.
-* Memory (reference §1.1, vLLM paper §2.3 / Fig. 2): the fraction of reserved KV slots that hold
-  real tokens, averaged over every decode step of every request (token-steps), for
+* Memory (docs/block_manager.md, "Memory utilisation"; vLLM paper §2.3 / Fig. 2): the fraction
+  of reserved KV slots that hold real tokens, averaged over every decode step of every request
+  (token-steps), for
 
   | scheme | slots reserved for a request with prompt p at output step t (of o) |
   |---|---|

@@ -1,4 +1,4 @@
-"""Serving replay (reference §4): the end-to-end proof, as a table.
+"""Serving replay: the end-to-end proof, as a table (docs/bench.md).
 
 Each workload (workloads.py) runs twice through a tiny decoder (model.py) on the
 engines of engine.py: **cache on** (RadixCache prefix reuse, or fork + copy-on-write for

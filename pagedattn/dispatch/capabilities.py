@@ -70,7 +70,7 @@ TORCH = BackendCaps("torch", "pagedattn.torch_backend", ANYWHERE, {
     "copy_blocks": _ANY_COPY,
 })
 
-# triton: the portable default (DESIGN.md): every layout through the shared address function,
+# triton: the portable default (docs/dispatch.md): every layout through the shared address function,
 # block sizes 1 (SGLang's token pool) to 256, head dims up to 256 (a 512-wide K tile of 64
 # tokens is 64 KB in fp16: over budget). Decode holds group * q_len <= 256 query rows in one
 # program (triton_kernels.decode.MAX_ROWS); extend takes groups <= 128.
@@ -84,7 +84,7 @@ TRITON = BackendCaps("triton", "pagedattn.triton_kernels", GPU_OR_INTERPRETER, {
     "copy_blocks": _ANY_COPY,
 })
 
-# hip: the hand-written fast path (HIP.md §4; hip_kernels/csrc/attn_inst.cuh). Matrix units
+# hip: the hand-written fast path (docs/hip.md; hip_kernels/csrc/attn_inst.cuh). Matrix units
 # take fp16/bf16 only; the instantiated head dims are 64 and 128 (launch_decode/launch_extend);
 # pages >= 16, a power of 2 (the kernel's precondition block: delta-base addressing needs
 # page_size % BLOCK_N == 0). Any group: REUSE_KV_TIMES tops out at 64 and larger groups take

@@ -65,16 +65,16 @@ PREFERENCE = {
 }
 PREFERENCE_SOURCE = "docs/performance.md"
 
-# Split-KV partition (tokens): 512, or 256 when the GQA group exceeds 15 (DESIGN.md, reference
-# §5.2.5): a big group already gives each block 16+ rows of work, so more partitions are
+# Split-KV partition (tokens): 512, or 256 when the GQA group exceeds 15 (docs/dispatch.md): a
+# big group already gives each block 16+ rows of work, so more partitions are
 # needed to fill the device. PAGEDATTN_PARTITION_SIZE / partition_size= override.
 PARTITION_SIZE, PARTITION_SIZE_BIG_GROUP, BIG_GROUP = 512, 256, 15
 # Decode runs one pass when num_seqs * num_kv_heads >= FILL * CUs: the KV-head grid alone then
-# keeps enough K/V tiles in flight (DESIGN.md: "v1 vs v2 chosen by whether num_seqs *
-# num_kv_heads fills the device"). On the H200, with the one-pass program streaming its whole
-# sequence through one pipelined loop, one pass beats split-KV from 3.9 programs per SM (64 x 8:
-# 247 against 260 us) and loses badly at 0.5 per SM (8 x 8: 251 against 84 us). The Triton launcher
-# (triton_kernels.decode._mode) reads this constant.
+# keeps enough K/V tiles in flight (the one-pass vs split-KV choice is whether num_seqs *
+# num_kv_heads fills the device: docs/dispatch.md). On the H200, with the one-pass program
+# streaming its whole sequence through one pipelined loop, one pass beats split-KV from 3.9
+# programs per SM (64 x 8: 247 against 260 us) and loses badly at 0.5 per SM (8 x 8: 251
+# against 84 us). The Triton launcher (triton_kernels.decode._mode) reads this constant.
 FILL = 3
 # HIP decode template instantiations (hip_kernels/csrc/attn_inst.cuh PK_REUSEKV_SWITCH): the
 # smallest REUSE >= group; groups above 64 take ceil(group / 64) blocks per KV head.
