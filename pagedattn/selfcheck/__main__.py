@@ -1,9 +1,9 @@
 """``python -m pagedattn.selfcheck [--backend NAME ...] [--device DEV] [--no-record] [-v]``.
 
 Exit status 0 when every check that ran passed (skips are not failures), 1 otherwise, 2 before
-any check when a ``PAGEDATTN_*`` variable is misspelled or has a bad value. On a
-machine without a GPU the Triton kernels run under the interpreter (TRITON_INTERPRET=1 is set
-here before triton is imported, unless the environment sets it).
+any check when a ``PAGEDATTN_*`` variable is misspelled or has a bad value. On a machine
+without a GPU the Triton kernels run under the interpreter (TRITON_INTERPRET=1 is set here
+before triton is imported, unless the environment sets it).
 """
 import argparse
 import os
