@@ -6,6 +6,7 @@ import torch
 
 from pagedattn import config, dispatch
 from pagedattn import validation as V
+from pagedattn.aliasing import check_disjoint, check_no_self_overlap
 from pagedattn.layouts import check_layout
 
 
@@ -98,7 +99,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: Optional[torch
     check_layout(layout)
     v_cache = V.resolve_v_cache(k_cache, v_cache, layout, head_dim_v)
     g = V.check_cache(k_cache, v_cache, layout)
-    V.check_q_and_heads(q, g, k_cache.dtype, k_cache.device, dims=(3, 4))
+    V.check_q_and_heads(q, g, k_cache.dtype, k_cache.device, dims=(3, 4), layout=layout)
     V.check_table(block_table, seq_lens, q.shape[0], q.device)
     opts = V.attn_options(q=q, g=g, kv_dtype=k_cache.dtype, scale=scale, k_scale=k_scale,
                           v_scale=v_scale, sliding_window=sliding_window, logit_cap=logit_cap,
@@ -235,7 +236,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: Optional[t
     check_layout(layout)
     v_cache = V.resolve_v_cache(k_cache, v_cache, layout, head_dim_v)
     g = V.check_cache(k_cache, v_cache, layout)
-    V.check_q_and_heads(q, g, k_cache.dtype, k_cache.device)
+    V.check_q_and_heads(q, g, k_cache.dtype, k_cache.device, layout=layout)
     dev = q.device
     V.check_tensor("cu_seqlens_q", cu_seqlens_q, dim=1, dtypes=(torch.int32,), device=dev)
     nseq = cu_seqlens_q.shape[0] - 1
@@ -276,11 +277,12 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: Optional[t
     val = V.validate_enabled(validate, name)
     # Without max_q_len the grid needs the longest query count: one host sync, which also checks
     # cu_seqlens_q whole (a clear error). With max_q_len and validation off (CUDA-graph capture)
-    # nothing is read on the host: the kernels guard cu_seqlens_q themselves.
-    if (val or max_q_len is None) and nseq:
+    # nothing is read on the host: the kernels guard cu_seqlens_q themselves. Validation checks
+    # an empty batch's cu_seqlens_q too (it must be [0] with q empty).
+    if val or (max_q_len is None and nseq):
         cu = V.check_indptr("cu_seqlens_q", cu_seqlens_q, q.shape[0], nseq)
         lq = cu[1:] - cu[:-1]
-        if max_q_len is None:
+        if max_q_len is None and nseq:
             max_q_len = int(lq.max())
     if val:
         V._check_scale_values("k_scale", opts.k_scale)
@@ -338,7 +340,10 @@ def store_kv(k: torch.Tensor, v: Optional[torch.Tensor], k_cache: torch.Tensor,
     Raises
     ------
     TypeError, ValueError
-        on a malformed argument, a stride-0 (expanded) cache among them: its writes would alias.
+        on a malformed argument, a stride-0 (expanded) cache among them: its writes would alias;
+        and when k_cache and v_cache share memory (one tensor, or views whose elements meet), as
+        V would overwrite K. Disjoint views of one storage, such as ``kv[:, 0]`` and
+        ``kv[:, 1]`` of a ``[num_blocks, 2, ...]`` tensor, are fine.
 
     Examples
     --------
@@ -365,7 +370,8 @@ def store_kv(k: torch.Tensor, v: Optional[torch.Tensor], k_cache: torch.Tensor,
                    device=dev)
     V.check_shape("slot_mapping", slot_mapping, (k.shape[0],))
     errors = V.check_errors(errors, dev)
-    _check_no_overlap(k_cache=k_cache, **({} if v_cache is None else {"v_cache": v_cache}))
+    check_no_self_overlap(k_cache=k_cache, **({} if v_cache is None else {"v_cache": v_cache}))
+    check_disjoint("v_cache", v_cache, "k_cache", k_cache)
     ks = V._norm_kv_scale("k_scale", k_scale, k_cache.dtype, g.num_kv_heads, dev)
     vs = None if v is None else V._norm_kv_scale("v_scale", v_scale, k_cache.dtype,
                                                  g.num_kv_heads, dev)
@@ -388,15 +394,6 @@ def store_kv(k: torch.Tensor, v: Optional[torch.Tensor], k_cache: torch.Tensor,
         return
     impl.store_kv(k, v, k_cache, v_cache, slot_mapping, layout=layout, geom=g, k_scale=ks,
                   v_scale=vs, errors=errors)
-
-
-def _check_no_overlap(**caches):
-    """Write targets must not alias themselves: a stride-0 (expanded) dim of size > 1 would
-    send several writes to one element."""
-    for name, c in caches.items():
-        if any(st == 0 and n > 1 for n, st in zip(c.shape, c.stride())):
-            raise ValueError(f"{name}: a write target with a stride-0 (expanded) dimension, "
-                             f"shape {tuple(c.shape)} strides {c.stride()}: the writes would alias")
 
 
 def copy_blocks(k_cache: Union[torch.Tensor, Sequence[torch.Tensor]],
@@ -439,7 +436,7 @@ def copy_blocks(k_cache: Union[torch.Tensor, Sequence[torch.Tensor]],
         V.check_tensor(f"cache[{i}]", c, dtypes=V.KV_DTYPES, device=dev, last_contig=False)
         if c.shape[0] != ks[0].shape[0]:
             raise ValueError(f"cache[{i}]: num_blocks {c.shape[0]} differs from {ks[0].shape[0]}")
-        _check_no_overlap(**{f"cache[{i}]": c})
+        check_no_self_overlap(**{f"cache[{i}]": c})
     if not isinstance(block_mapping, torch.Tensor):
         block_mapping = torch.tensor(list(block_mapping), dtype=torch.int64).reshape(-1, 2)
     V.check_tensor("block_mapping", block_mapping, dtypes=(torch.int32, torch.int64),

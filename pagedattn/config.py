@@ -38,13 +38,13 @@ _DECLARED = (
         "skipped writes)"),
     Var("PAGEDATTN_PARTITION_SIZE", "int", "auto",
         "split-KV partition in tokens for decode (`auto`: 512, 256 when the GQA group is larger "
-        "than 15); a multiple of the block size", ("auto",)),
+        "than 15); a power of 2", ("auto",)),
     Var("PAGEDATTN_LAUNCH_REPLAY", "bool", "1",
         "eager GPU decode calls relaunch the recorded launches of metadata seen before "
         "(49-124 us of host time per decode instead of 121-399 on the H200)"),
     Var("PAGEDATTN_CACHE_DIR", "path", "",
-        "where HIP builds, the radix cache's C helpers, self-check records and the radix "
-        "bench's SGLang wheels live (empty: "
+        "where HIP builds, the radix cache's C helpers, self-check records, the radix "
+        "bench's SGLang files and the tests' peer wheels (about 660 MB) live (empty: "
         "`$XDG_CACHE_HOME/pagedattn` or `~/.cache/pagedattn`)"),
     Var("PAGEDATTN_HIP_VERBOSE", "bool", "0",
         "print the compiler's output while the HIP extension builds"),
@@ -126,7 +126,7 @@ def get(name: str) -> Any:
 def cache_dir() -> str:
     """The package's cache directory: ``PAGEDATTN_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagedattn``
     or ``~/.cache/pagedattn`` (HIP builds, the radix cache's C helpers, self-check records, the
-    radix bench's SGLang wheels)."""
+    radix bench's SGLang files, the tests' peer wheels)."""
     path = get("PAGEDATTN_CACHE_DIR")
     if path:
         return path

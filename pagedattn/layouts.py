@@ -1,7 +1,7 @@
 """KV-cache layouts: shapes, the address function, gathers and index converters.
 
 Every cache tensor has the physical block id as dim 0. Within a block the four layouts are
-(reference §1.2-1.3; docs/layout.md):
+(docs/layout.md):
 
 =======  ===========================================  ======================================
 name     K                                            V

@@ -75,7 +75,7 @@ def plan_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_head
     g = V.check_cache(k_meta, v_meta, layout)
     q_shape = (seq_lens.shape[0],) + ((q_len,) if q_len > 1 else ()) + (num_q_heads, head_dim)
     q_meta = torch.empty(q_shape, dtype=q_dtype, device="meta")
-    V.check_q_and_heads(q_meta, g, kv_dtype, q_meta.device, dims=(3, 4))
+    V.check_q_and_heads(q_meta, g, kv_dtype, q_meta.device, dims=(3, 4), layout=layout)
     V.check_table(block_table, seq_lens, q_shape[0], dev)
     opts = V.attn_options(q=torch.empty(0, num_q_heads, head_dim, device=dev), g=g,
                           kv_dtype=kv_dtype, scale=scale, k_scale=k_scale, v_scale=v_scale,
@@ -94,12 +94,19 @@ def plan_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_head
 
 def run_decode(plan: DecodePlan, q: torch.Tensor, k_cache: torch.Tensor,
                v_cache: Optional[torch.Tensor],
-               *, out: Optional[torch.Tensor] = None, return_lse: bool = False):
+               *, out: Optional[torch.Tensor] = None, return_lse: bool = False,
+               errors: Optional[torch.Tensor] = None):
     """Paged decode of one layer with a plan: checks q and the caches against it, then launches.
 
+    ``out`` and ``return_lse`` are as in :func:`pagedattn.paged_decode`, and so is ``errors``
+    (int32 ``[1]`` on q's device): the plan checked the metadata once, so the kernels' guards
+    act only on metadata changed on the device since (a CUDA-graph replay's new table); the
+    guarded rows are NaN and counted there, with no host sync.
+
     Raises ``ValueError``/``TypeError`` when q's shape or dtype, or the caches' geometry, layout
-    or dtype differ from the plan's. ``v_cache=None``: V is k_cache's first
-    ``plan.geom.head_dim_v`` columns (an MLA latent cache).
+    or dtype differ from the plan's, or ``errors`` is not one int32 element on q's device.
+    ``v_cache=None``: V is k_cache's first ``plan.geom.head_dim_v`` columns (an MLA latent
+    cache).
     """
     if not isinstance(q, torch.Tensor) or tuple(q.shape) != plan.q_shape:
         raise ValueError(f"q: the plan expects shape {plan.q_shape}, got "
@@ -119,9 +126,10 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, k_cache: torch.Tensor,
     if k_cache.device != dev:
         raise ValueError(f"k_cache: expected device {dev}, got {k_cache.device}")
     out = V.check_out(out, q, g.head_dim_v)
+    errors = V.check_errors(errors, dev)
     impl = dispatch.load(plan.backend)
     call = V.DecodeCall(q, k_cache, v_cache, plan.block_table, plan.seq_lens, plan.layout, g,
-                        plan.opts, plan.partition_size, out, return_lse, False)
+                        plan.opts, plan.partition_size, out, return_lse, False, errors)
     if q.shape[0] == 0:
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=dev)
         return (out, lse) if return_lse else out

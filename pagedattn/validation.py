@@ -265,16 +265,37 @@ def check_cache(k_cache, v_cache, layout) -> L.CacheGeometry:
     return g
 
 
-def check_q_and_heads(q, g: L.CacheGeometry, kv_dtype, device, *, dims=(3,)):
+def _layout_hint(hq: int, d: int, g: L.CacheGeometry, kv_dtype, layout) -> str:
+    """'; is k_cache in layout X? ...' when the K cache's shape, read in another layout of its
+    rank (the dims permuted: bshd swaps block_size and num_kv_heads against bhsd), would fit q's
+    heads and head_dim; '' otherwise (or without a layout)."""
+    try:
+        shape = L.kv_cache_shapes(*g[:4], layout, kv_dtype)[0]
+    except (ValueError, TypeError):
+        return ""
+    meta = torch.empty(shape, device="meta")
+    for other in L.LAYOUTS:
+        try:
+            g2 = L.cache_geometry(meta, other)
+        except ValueError:  # another rank
+            continue
+        if g2[:4] != g[:4] and g2.head_dim == d and g2.num_kv_heads and hq % g2.num_kv_heads == 0:
+            return f"; is k_cache in layout {other!r}? pass layout={other!r}"
+    return ""
+
+
+def check_q_and_heads(q, g: L.CacheGeometry, kv_dtype, device, *, dims=(3,), layout=None):
     check_tensor("q", q, dtypes=Q_DTYPES, device=device)
     if q.dim() not in dims:
         raise ValueError(f"q: expected {' or '.join(f'{d}-D' for d in dims)} "
                          f"[tokens, num_q_heads, head_dim], got {_desc(q)}")
     hq, d = q.shape[-2], q.shape[-1]
     if d != g.head_dim:
-        raise ValueError(f"q: head_dim {d} differs from the cache's head_dim {g.head_dim}")
+        raise ValueError(f"q: head_dim {d} differs from the cache's head_dim {g.head_dim}"
+                         + _layout_hint(hq, d, g, kv_dtype, layout))
     if hq % g.num_kv_heads:
-        raise ValueError(f"q: num_q_heads {hq} is not a multiple of num_kv_heads {g.num_kv_heads}")
+        raise ValueError(f"q: num_q_heads {hq} is not a multiple of num_kv_heads {g.num_kv_heads}"
+                         + _layout_hint(hq, d, g, kv_dtype, layout))
     if not is_fp8(kv_dtype) and kv_dtype != q.dtype:
         raise TypeError(f"k_cache: dtype {kv_dtype} must equal q's dtype {q.dtype} (or be fp8 "
                         "with scales)")
@@ -325,13 +346,13 @@ def attn_options(*, q, g, kv_dtype, scale, k_scale, v_scale, sliding_window, log
 
 
 def check_partition_size(partition_size):
+    name = "partition_size"
     if partition_size is None:
-        partition_size = config.get("PAGEDATTN_PARTITION_SIZE")
+        partition_size, name = config.get("PAGEDATTN_PARTITION_SIZE"), "PAGEDATTN_PARTITION_SIZE"
     if partition_size is not None:
         if isinstance(partition_size, bool) or not isinstance(partition_size, int) \
                 or partition_size <= 0 or partition_size & (partition_size - 1):
-            raise ValueError(f"partition_size: expected a positive power of 2, got "
-                             f"{partition_size!r}")
+            raise ValueError(f"{name}: expected a positive power of 2, got {partition_size!r}")
     return partition_size
 
 

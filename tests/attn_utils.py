@@ -1,5 +1,5 @@
 """Shared test machinery: random paged batches with poisoned caches, an independent dense oracle,
-and the comparator with the tolerances of TESTING.md §D1.
+and the comparator with its per-dtype tolerances.
 
 The dense oracle here imports nothing from pagedattn: it indexes each layout directly.
 """
@@ -32,7 +32,7 @@ def assert_attn_close(out: torch.Tensor, ref: torch.Tensor, key, *, what: str = 
     o, r = out.detach().double().cpu(), ref.detach().double().cpu()
     assert o.shape == r.shape, f"{what}: shape {tuple(o.shape)} vs reference {tuple(r.shape)}"
     assert not torch.isnan(o).any(), f"{what}: NaN in output at {torch.nonzero(torch.isnan(o))[:5].tolist()}"
-    # Vacuity guard (TESTING §D1): the reference must stand clear of atol. Attention outputs
+    # Vacuity guard: the reference must stand clear of atol. Attention outputs
     # average ~seq_len random rows (|o| ~ 1/sqrt(n)), so the bar is 1x atol; the rel-L2 bound
     # below is what makes a zeroed output fail at any magnitude (its rel-L2 is 1).
     if magnitude_guard and r.numel():

@@ -1,8 +1,9 @@
 """The peers' released wheels for the compat tests: downloaded once into a cache outside the
 repository, read with zipfile, signatures parsed with ast, Triton kernels loaded with stubs.
 
-Wheels go to ``$XDG_CACHE_HOME/pagedattn/peer_wheels`` (default ``~/.cache/...``) through
-``pip download --no-deps``; when pip cannot fetch one, :class:`PeerUnavailable` carries pip's
+Wheels go to ``peer_wheels`` in the package cache directory (``pagedattn.config.cache_dir()``:
+``PAGEDATTN_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagedattn`` or ``~/.cache/pagedattn``), about
+660 MB for the four pins, through ``pip download --no-deps``; when pip cannot fetch one, :class:`PeerUnavailable` carries pip's
 reason and the tests skip with it. Nothing of the peers is imported as a package: the kernel
 files SGLang's and vLLM's Triton ops live in are extracted next to the wheel and executed with
 stub modules standing in for the rest of each runtime (their imports of environment flags,
@@ -24,6 +25,8 @@ import zipfile
 
 import torch
 
+from pagedattn import config
+
 PINS = {  # key -> (distribution, version); the compat modules name the same versions
     "flashinfer": ("flashinfer-python", "0.7.4"),
     "sglang": ("sglang", "0.5.23"),
@@ -37,8 +40,7 @@ class PeerUnavailable(RuntimeError):
 
 
 def cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "pagedattn", "peer_wheels")
+    path = os.path.join(config.cache_dir(), "peer_wheels")
     os.makedirs(path, exist_ok=True)
     return path
 

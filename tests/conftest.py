@@ -1,4 +1,4 @@
-"""Test tiers (TESTING.md §D0): the device is picked here, once.
+"""Test tiers (README.md, "Tests"): the device is picked here, once.
 
 No GPU: tests run on the CPU and Triton kernels run under the interpreter (TRITON_INTERPRET=1 is
 set before anything imports triton). `gpu` tests are skipped with the reason; `hip` tests need the

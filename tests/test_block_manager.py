@@ -1,7 +1,7 @@
-"""BlockManager / BlockAllocator: copy-on-write through ``pagedattn.copy_blocks``, fault injection
-(TESTING.md §D8), regressions (§D10), prefix caching, kernel inputs and admission. CPU only.
+"""BlockManager / BlockAllocator: copy-on-write through ``pagedattn.copy_blocks``, fault injection,
+regressions, prefix caching, kernel inputs and admission. CPU only.
 
-The model-based state machine (§D6) with its plain-dict model is in test_block_manager_model.py.
+The model-based state machine with its plain-dict model is in test_block_manager_model.py.
 """
 import random
 
@@ -69,7 +69,7 @@ def test_copy_on_write_end_to_end_copy_blocks(layout):
     bm.check_integrity()
 
 
-# region: fault injection (§D8) -------------------------------------------------------------------
+# region: fault injection -------------------------------------------------------------------------
 def _flaky(bm, k):
     """Make ``bm``'s allocator raise OutOfBlocks after ``k`` successful grabs."""
     real, grabs = bm.allocator.allocate, [0]

@@ -1,6 +1,6 @@
-"""BlockManager / BlockAllocator: model-based state machine (TESTING.md §D6) with fault injection
-(§D8) as one of its rules. CPU only. Unit, copy-on-write, fault-injection and regression tests are
-in test_block_manager.py.
+"""BlockManager / BlockAllocator: model-based state machine (every invariant after every step) with
+fault injection as one of its rules. CPU only. Unit, copy-on-write, fault-injection and regression
+tests are in test_block_manager.py.
 
 The state machine keeps a plain-dict model that predicts every block id, and a fake KV memory
 (``mem[block] = tokens``) written exactly like a serving loop writes KV: copies first, then the new
@@ -220,7 +220,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), k=st.integers(0, 7))
     def oom_after_k_grabs(self, data, k):
-        """§D8: the allocator fails after k successful grabs mid-allocate / mid-CoW."""
+        """Fault injection: the allocator fails after k successful grabs mid-allocate / mid-CoW."""
         A, grabs, real = self.bm.allocator, [0], self.bm.allocator.allocate
 
         def flaky():
@@ -269,7 +269,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             return
         for s in self.bm.seq_ids():
             self.bm.free(s)
-        self.bm.check_integrity()                               # §D8 quiescence
+        self.bm.check_integrity()                               # quiescence after the fault
         assert all(r == 0 for r in self.bm.allocator._ref)
         assert self.bm.num_free_blocks == self.bm.allocator.num_usable
 

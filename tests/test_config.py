@@ -90,3 +90,47 @@ def test_override_restores(monkeypatch):
     assert config.get("PAGEDATTN_DEV_DECODE_MODE") == "split"
     restore()
     assert not config.is_set("PAGEDATTN_DEV_DECODE_MODE")
+
+
+@pytest.mark.parametrize("module,argv", [("pagedattn.dispatch.__main__", []),
+                                         ("pagedattn.selfcheck.__main__", ["--device", "cpu"])])
+def test_entry_points_reject_misspelled_names(monkeypatch, capsys, module, argv):
+    """The documented promise: both commands run validate_all and stop, naming the typo."""
+    import importlib
+    monkeypatch.setenv("PAGEDATTN_BACKNED", "torch")
+    main = importlib.import_module(module).main
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert "PAGEDATTN_BACKNED" in err and "not a pagedattn variable" in err
+
+
+def test_partition_size_from_the_environment_names_the_variable(monkeypatch):
+    """The rule docs/configuration.md states (a power of 2), and the error names where the bad
+    value came from: the variable, or the argument."""
+    import torch
+
+    import pagedattn as pa
+    assert "power of 2" in config.DECLARED["PAGEDATTN_PARTITION_SIZE"].meaning
+    k, v = pa.make_kv_cache(4, 16, 1, 64, dtype=torch.float32)
+    args = (torch.randn(1, 2, 64), k.zero_(), v.zero_(), torch.zeros(1, 1, dtype=torch.int32),
+            torch.ones(1, dtype=torch.int32))
+    monkeypatch.setenv("PAGEDATTN_PARTITION_SIZE", "48")
+    with pytest.raises(ValueError, match="PAGEDATTN_PARTITION_SIZE: expected a positive power "
+                                         "of 2, got 48"):
+        pa.paged_decode(*args, backend="torch")
+    monkeypatch.setenv("PAGEDATTN_PARTITION_SIZE", "64")
+    with pytest.raises(ValueError, match="^partition_size: expected a positive power of 2"):
+        pa.paged_decode(*args, backend="torch", partition_size=48)
+    assert pa.paged_decode(*args, backend="torch").shape == (1, 2, 64)
+
+
+def test_every_cache_lives_under_the_cache_dir(monkeypatch, tmp_path):
+    """PAGEDATTN_CACHE_DIR moves every download and build, the tests' peer wheels included
+    (they went to ~/.cache whatever it said)."""
+    import compat_peers
+
+    from pagedattn.bench import _sglang_peer
+    monkeypatch.setenv("PAGEDATTN_CACHE_DIR", str(tmp_path))
+    assert config.cache_dir() == str(tmp_path)
+    assert compat_peers.cache_dir() == str(tmp_path / "peer_wheels")
+    assert _sglang_peer.cache_root() == str(tmp_path / "sglang-peer")

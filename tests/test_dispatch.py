@@ -1,4 +1,4 @@
-"""Backend selection (TESTING.md §D9): arch facts, the pure decision table, shape
+"""Backend selection (docs/dispatch.md): arch facts, the pure decision table, shape
 rules and overrides. The declared-capability tables against the backends, "declared => really
 runs", explain and the CLI are in test_dispatch_runs.py."""
 import importlib
@@ -162,6 +162,17 @@ def test_cpu_without_interpreter_is_torch():
                interpret=False)
     assert dec.backend == "torch"
     assert any("TRITON_INTERPRET is not set" in r for r in dec.reasons)
+
+
+@pytest.mark.parametrize("arch", ["cpu", "sm_90"])
+def test_without_triton_the_reason_is_the_missing_package(arch):
+    """On a CPU as on a GPU: neither a GPU nor TRITON_INTERPRET helps when triton is absent."""
+    for interpret in (False, True):
+        dec = _sel("paged_decode", arch, dtype=F16, head_dim=64, block_size=16, group=1,
+                   interpret=interpret, has_triton=False)
+        assert dec.backend != "triton"
+        assert "triton skipped: triton is not installed" in dec.reasons, dec.describe()
+        assert not any("TRITON_INTERPRET" in r for r in dec.reasons), dec.describe()
 
 
 def test_features_and_layouts_route_away_from_hip(hip_first):

@@ -1,4 +1,4 @@
-"""Backend selection (TESTING.md §D9): explain and the CLI, the declared-capability
+"""Backend selection (docs/dispatch.md): explain and the CLI, the declared-capability
 tables against the backends, and "declared => really runs" (through the public op, against the
 independent dense oracle). The pure decision table is in test_dispatch.py."""
 import importlib
@@ -49,6 +49,32 @@ def test_module_cli_runs_on_cpu():
     for arch in ("gfx90a", "gfx942", "gfx936", "gfx928"):
         assert rows[arch][-2:] == ["triton", "triton"], (arch, rows[arch])
     assert rows["sm_90"][-2:] == ["triton", "triton"]
+
+
+def test_module_cli_help_and_unknown_flags(capsys):
+    """argparse: --help prints the usage and exits 0, a flag it does not know exits 2 (it ran the
+    whole report and ignored both)."""
+    main = importlib.import_module("pagedattn.dispatch.__main__").main
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: python -m pagedattn.dispatch [-h] "
+                                              "[--all-archs]")
+    with pytest.raises(SystemExit) as e:
+        main(["--all-arch", "x"])
+    assert e.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_without_triton_the_reason_says_so(monkeypatch):
+    """The reason names the missing package, not the TRITON_INTERPRET setting that cannot help."""
+    monkeypatch.setattr("pagedattn._triton.triton_available", lambda: False)
+    monkeypatch.setattr("pagedattn.triton_kernels.triton_available", lambda: False)
+    for interp in ("0", "1"):
+        monkeypatch.setenv("TRITON_INTERPRET", interp)
+        d = dispatch.explain("paged_decode", *_decode_args(), quiet=True)
+        assert d.backend == "torch"
+        assert "triton skipped: triton is not installed" in d.reasons, d.describe()
+        assert not any("TRITON_INTERPRET" in r for r in d.reasons), d.describe()
 
 
 # ----------------------------------------------------------------------------------------------

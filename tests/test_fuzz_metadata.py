@@ -1,5 +1,5 @@
 """Random malformed metadata against every public op in the default mode (no validation, Triton
-backend; the interpreter on the CPU): the kernels' guards (TESTING.md §D7, tier K).
+backend; the interpreter on the CPU): the kernels' guards (docs/layout.md, "Malformed metadata").
 
 Each case starts from a valid batch and applies up to a few malformations: block ids -1, past
 the cache or 2**31-1 in used table slots; seq_len beyond the table, negative or near 2**31; more

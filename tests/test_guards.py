@@ -108,6 +108,30 @@ def test_run_decode_after_the_table_changed(device):
     assert torch.isnan(out).all()
 
 
+def test_run_decode_counts_guarded_rows_in_errors(device):
+    """run_decode takes paged_decode's errors counter: 0 after a valid plan's run, one count per
+    guarded row once a sequence's block id left the cache after planning; wrong counters are
+    refused."""
+    lens = [40, 37]
+    b, gen = _batch(lens, device=device)
+    q = torch.randn(2, 4, 32, generator=gen).to(device)
+    plan = pa.plan_decode(b.block_table, b.seq_lens, num_q_heads=4, num_kv_heads=2, head_dim=32,
+                          block_size=16, num_blocks=b.k_cache.shape[0], q_dtype=q.dtype,
+                          backend="triton", partition_size=16)
+    errors = torch.zeros(1, dtype=torch.int32, device=device)
+    out = pa.run_decode(plan, q, b.k_cache, b.v_cache, errors=errors)
+    assert int(errors) == 0 and torch.isfinite(out).all()
+    b.block_table[1, 2] = b.k_cache.shape[0]  # past the cache, among sequence 1's 37 keys
+    out = pa.run_decode(plan, q, b.k_cache, b.v_cache, errors=errors)
+    assert int(errors) == 4, "one count per guarded row (4 query heads)"
+    assert torch.isnan(out[1]).all()
+    assert_attn_close(out[0], _oracle_decode(b, q, 0, lens[0]), torch.float32)
+    with pytest.raises(TypeError, match="errors"):
+        pa.run_decode(plan, q, b.k_cache, b.v_cache, errors=errors.long())
+    with pytest.raises(ValueError, match="errors"):
+        pa.run_decode(plan, q, b.k_cache, b.v_cache, errors=torch.zeros(2, dtype=torch.int32))
+
+
 def _extend_call(b, q, cu, **kw):
     return pa.extend_attention(q, b.k_cache, b.v_cache, b.block_table, cu, b.seq_lens,
                                backend="triton", validate=False, return_lse=True, **kw)

@@ -1,9 +1,10 @@
 """The hip backend (CUDA, ROCm and DTK builds alike) vs the float64 oracle.
 
-TESTING.md §D1 (oracle, tolerances), §D2 (grid: dtypes, layouts, GQA, head dims, block sizes,
-seq_len 1 / exact multiples / empty rows, ragged extend with prefix 0 and non-multiples), §D5
-(poisoned caches everywhere; element offsets past 2^31). The first test JIT-compiles the
-extension (minutes; the time is printed); later runs reuse ~/.cache/pagedattn/hip-<hash>.
+The oracle and its tolerances (tests/attn_utils.py), the grid (dtypes, layouts, GQA, head dims,
+block sizes, seq_len 1 / exact multiples / empty rows, ragged extend with prefix 0 and
+non-multiples), and the address checks (poisoned caches everywhere; element offsets past 2^31).
+The first test JIT-compiles the extension (minutes; the time is printed); later runs reuse
+~/.cache/pagedattn/hip-<hash>.
 """
 import itertools
 import time
@@ -170,7 +171,7 @@ def test_decode_large_groups(heads):
 
 
 def test_decode_noncontiguous_cache_and_q_slice():
-    """A padded cache view and q as a slice of a fused qkv tensor (TESTING §D2 strides)."""
+    """A padded cache view and q as a slice of a fused qkv tensor (strided inputs)."""
     lens = [17, 200]
     b, gen = _batch(lens, 2, 128, 16, "bhsd", torch.float16, seed=3, contiguous=False)
     qkv = torch.randn(len(lens), 8 + 2 * 2, 128, generator=gen).to("cuda", torch.float16)
@@ -204,7 +205,7 @@ def test_extend_vs_oracle(dtype, layout, heads, d):
 
 
 def test_decode_int32_overflow():
-    """TESTING §D5: the pages used sit past element offset 2^31 of the K and V caches."""
+    """64-bit offsets: the pages used sit past element offset 2^31 of the K and V caches."""
     bs, hkv, d, hq = 16, 8, 128, 32
     num_blocks = 140_000
     stride = bs * hkv * d

@@ -1,4 +1,4 @@
-"""TESTING §D5 CPU lint: 64-bit address math in every Triton kernel file.
+"""CPU lint: 64-bit address math in every Triton kernel file.
 
 Rules checked on the AST of pagedattn/triton_kernels/*.py, inside @triton.jit functions:
 1. every ``stride_*`` parameter is annotated ``tl.int64``;

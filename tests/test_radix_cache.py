@@ -1,4 +1,4 @@
-"""Model-based test of RadixCache (TESTING.md §D6): every invariant after every step.
+"""Model-based test of RadixCache: every invariant after every step.
 
 RadixMachine drives the raw API (match / insert / lock / unlock / evict) against a dict that
 maps every cached page-aligned token prefix to its slots, with the model's own clock and hit
@@ -62,7 +62,7 @@ def check_lock_refs(cache, handle_paths):
 
 def expected_victims(cache, n, prio):
     """Brute-force eviction order on a snapshot: min prio(node) then nid among unlocked leaves,
-    a childless unlocked parent joining the candidates (§2.4)."""
+    a childless unlocked parent joining the candidates (docs/radix_cache.md, "Eviction order")."""
     nodes = {x: cache.node(x) for x in iter_nodes(cache)}
     kids = {x: len(info.children) for x, info in nodes.items()}
     cand = [x for x, info in nodes.items() if info.lock_ref == 0 and not info.children]

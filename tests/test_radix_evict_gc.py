@@ -1,5 +1,5 @@
 """Radix cache: batched eviction frees (one pool call per evict, victims put back when it
-raises: TESTING.md §D6 "nothing lost", §D8) and the garbage-collector footprint (no tracked
+raises: "nothing lost" under fault injection) and the garbage-collector footprint (no tracked
 object per node, no reference cycles)."""
 import gc
 

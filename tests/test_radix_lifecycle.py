@@ -1,4 +1,5 @@
-"""Model-based test of the request lifecycle over RadixCache (TESTING.md §D6, §D8).
+"""Model-based test of the request lifecycle over RadixCache, with fault injection: "nothing lost"
+after every step.
 
 admit / extend / cache_unfinished_req / cache_finished_req with injected free failures, against
 the "nothing lost" partition: free + tree + owned-by-requests == capacity, every slot once,

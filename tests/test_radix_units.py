@@ -1,5 +1,5 @@
-"""Example-based tests of the radix cache: §2.2 split, LRU order, locks, fault injection,
-regressions (TESTING.md §C/§D10), token pools, scheduling order, block-hash comparison (§2.1).
+"""Example-based tests of the radix cache: node split, LRU order, locks, fault injection,
+regressions (peers' known bugs), token pools, scheduling order, block-hash comparison.
 Batched eviction frees and the garbage-collector footprint: test_radix_evict_gc.py; argument
 checks, LFU vs LRU, split parity with SGLang and input types: test_radix_checks.py."""
 import numpy as np
@@ -21,7 +21,7 @@ PAGE_SIZES = [1, 2, 4, 16]
 
 
 def test_split_example_abcdef_abcxyz():
-    """Reference §2.2: "ABCDEF" then "ABCXYZ" splits into ABC -> {DEF, XYZ}."""
+    """A node split: "ABCDEF" then "ABCXYZ" splits into ABC -> {DEF, XYZ}."""
     A, B, C, D, E, F, X, Y, Z = range(1, 10)
     cache = RadixCache.create_simulated(32)
     s1 = put(cache, [A, B, C, D, E, F])
@@ -151,7 +151,7 @@ def test_bad_arguments_are_typed():
         cache.evict(-1)
 
 
-# ---------------------------------------------------------------- regressions (TESTING §D10)
+# ---------------------------------------------------------------- regressions
 
 def test_regression_minisglang_52():
     """mini-sglang PR #52: lock_handle started at node.parent, so the handle node itself stayed
@@ -224,7 +224,7 @@ def test_regression_minisglang_dae78f6(ps):
     assert cache.pool.available_size() == 16 * ps - cache.total_size()
 
 
-# ---------------------------------------------------------------- fault injection (§D8)
+# ---------------------------------------------------------------- fault injection
 
 @pytest.mark.parametrize("ps", [1, 4])
 def test_free_fails_inside_cache_finished_req(ps, monkeypatch):
@@ -303,7 +303,7 @@ def test_pool_conservation_and_typed_errors(ps):
             pool.alloc(ps + 1)
 
 
-# ---------------------------------------------------------------- scheduling and §2.1
+# ---------------------------------------------------------------- scheduling, block hash
 
 def test_schedule_order_longest_prefix_then_fcfs():
     cache = RadixCache.create_simulated(64)
@@ -316,7 +316,7 @@ def test_schedule_order_longest_prefix_then_fcfs():
 
 
 def test_45_token_prefix_radix_45_block_hash_32():
-    """Reference §2.1: block_size 16, a 45-token shared prefix: the radix cache reuses 45
+    """Radix vs block hash: block_size 16, a 45-token shared prefix: the radix cache reuses 45
     tokens, the block-hash cache only the two full blocks (32)."""
     prefix = list(range(100, 145))
     query = prefix + [1, 2, 3]

@@ -119,8 +119,9 @@ def test_reference_matches_sdpa():
     torch.testing.assert_close(out, ref.transpose(0, 1), atol=1e-12, rtol=1e-12)
 
 
-def test_three_request_batch_of_reference_3_3():
-    """Reference §3.3: prefixes 4/0/5, extends 2/3/1, its kv_indices, as a block_size-1 pool."""
+def test_three_request_worked_example():
+    """A worked extend batch: prefixes 4/0/5, extends 2/3/1, its kv_indices, as a block_size-1
+    pool."""
     kv_indices = torch.tensor([108, 109, 110, 111, 42, 43, 201, 202, 203,
                                80, 81, 82, 83, 84, 99], dtype=torch.int32)
     kv_indptr = torch.tensor([0, 6, 9, 15], dtype=torch.int32)
@@ -190,7 +191,7 @@ def test_copy_blocks_reference():
 
 
 def test_harness_self_test():
-    """§D1: a zeroed, shifted or page-swapped output must fail the comparator."""
+    """The comparator's self-test: a zeroed, shifted or page-swapped output must fail it."""
     gen = torch.Generator().manual_seed(5)
     b = make_paged_batch([40], num_kv_heads=2, head_dim=64, block_size=8, layout="bhsd",
                          dtype=torch.float32, device="cpu", gen=gen)

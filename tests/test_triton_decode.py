@@ -1,4 +1,5 @@
-"""Triton paged decode vs the independent float64 oracle (TESTING.md §C, §D1-D5).
+"""Triton paged decode vs the independent float64 oracle: the grid of dtypes, layouts,
+GQA, head dims and block sizes, poisoned caches, and the split-KV regressions.
 
 CPU: the kernels run under TRITON_INTERPRET=1 (slow), so each test is a few tiny, chosen launches.
 Both launch shapes (one-pass and split-KV + combine) are forced through
@@ -159,7 +160,8 @@ def test_batch_invariance_and_empty_partitions(device, mode_guard):
     """Sequence i alone (split launch) == inside the batch (one-pass launch), bitwise.
 
     Lengths differ widely, so most (sequence, partition) programs of the split grid have no
-    key: they must be neutral (TESTING §C split-K LSE overwrite). A window makes leading
+    key: they must be neutral (a known peer bug class: an empty split overwriting
+    the LSE). A window makes leading
     partitions of the long sequence empty too.
     """
     gen = torch.Generator().manual_seed(11)

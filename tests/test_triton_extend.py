@@ -1,4 +1,5 @@
-"""Triton extend (prefix-prefill) attention vs the float64 dense oracle (TESTING.md §D2, §D4, §D5).
+"""Triton extend (prefix-prefill) attention vs the float64 dense oracle: the grid, masks and
+options, and 64-bit offsets.
 
 On the CPU the kernel runs under TRITON_INTERPRET=1: tiny shapes, about 40 launches. Every case
 poisons the cache (NaN outside the used tokens, NaN in the new positions when k_new is used) and
@@ -216,8 +217,9 @@ def test_q_len_one_equals_decode(device):
     assert_attn_close(ext, dec, torch.float16)
 
 
-def test_reference_3_3_three_request_batch(device):
-    """Reference §3.3: prefixes 4/0/5, extends 2/3/1 over its kv_indices (a block_size-1 pool)."""
+def test_three_request_worked_example(device):
+    """A worked extend batch: prefixes 4/0/5, extends 2/3/1 over its kv_indices (a block_size-1
+    pool)."""
     kv_indices = torch.tensor([108, 109, 110, 111, 42, 43, 201, 202, 203,
                                80, 81, 82, 83, 84, 99], dtype=torch.int32)
     kv_indptr = torch.tensor([0, 6, 9, 15], dtype=torch.int32)
@@ -240,7 +242,7 @@ def test_reference_3_3_three_request_batch(device):
 
 
 def test_chunked_prefill_equals_one_pass(device):
-    """§3.5: a 20-token prompt fed as chunks 5/8/7 (each chunk's K/V given as k_new, then
+    """Chunked prefill: a 20-token prompt fed as chunks 5/8/7 (each chunk's K/V given as k_new, then
     appended to the cache with store_kv) equals one extend over the whole prompt."""
     gen = torch.Generator().manual_seed(12)
     hq, hkv, d, bs, n = 8, 2, 64, 4, 20

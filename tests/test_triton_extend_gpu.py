@@ -1,4 +1,4 @@
-"""GPU tier of the Triton extend tests: real sizes, bf16, int32 overflow (TESTING.md §D5).
+"""GPU tier of the Triton extend tests: real sizes, bf16, int32 overflow (64-bit offsets).
 
 Split from test_triton_extend.py (file size); the CPU grid and run_case live there.
 """
@@ -30,7 +30,7 @@ def test_gpu_options_real_sizes(device, dtype, kv):
 
 @pytest.mark.gpu
 def test_gpu_overflow_query_offsets(device):
-    """§D5 / SGLang #20389: total query tokens x Hq x D > 2^31 elements (q and out offsets)."""
+    """SGLang #20389: total query tokens x Hq x D > 2^31 elements (q and out offsets)."""
     hq, hkv, d, lq = 64, 8, 128, 128
     nseq = 262_144 // lq + 8
     t = nseq * lq
@@ -78,7 +78,7 @@ def overflow_cache_case(device, layout, dtype, lq, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["bhsd", "vllm"])
 def test_gpu_overflow_cache_offsets(device, layout):
-    """§D5 / vLLM PR #47671: cache offsets past the int32 range."""
+    """vLLM PR #47671: cache offsets past the int32 range."""
     overflow_cache_case(device, layout, torch.float16, lq=24, seed=22)
 
 
@@ -139,7 +139,7 @@ def test_gpu_gluon_kernel(device, monkeypatch, case):
 @pytest.mark.gpu
 @BF16_SKIP
 def test_gpu_gluon_overflow_cache_offsets(device, monkeypatch):
-    """§D5 under the Gluon kernel: pages past 2^31 elements, the pool outside them NaN."""
+    """64-bit offsets under the Gluon kernel: pages past 2^31 elements, the pool outside NaN."""
     launches = gluon_launches(monkeypatch)
     overflow_cache_case(device, "bhsd", torch.bfloat16, lq=64, seed=24)
     assert launches, "the call fell back to the Triton kernel"

@@ -1,4 +1,5 @@
-"""Bad inputs of TESTING.md §D7: a typed error naming the argument, before any launch."""
+"""Bad inputs: a typed error naming the argument, before any launch (docs/layout.md, "Malformed
+metadata")."""
 import pytest
 import torch
 
@@ -252,3 +253,47 @@ def test_copy_blocks_rejects():
         pa.copy_blocks([kc], [vc, vc], [(1, 3)], backend="torch")
     with pytest.raises(ValueError, match="block_mapping"):
         pa.copy_blocks(kc, vc, torch.zeros(2, 3, dtype=torch.int64), backend="torch")
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("validate", [None, True, False])
+def test_extend_empty_batch_returns_empty(backend, validate):
+    """No requests at all (cu_seqlens_q = [0]): empty out and lse in every validation mode."""
+    a = _good()
+    q = torch.randn(0, HQ, D)
+    out, lse = pa.extend_attention(q, a["k_cache"], a["v_cache"], a["block_table"][:0],
+                                   torch.tensor([0], dtype=torch.int32), a["seq_lens"][:0],
+                                   backend=backend, validate=validate, return_lse=True)
+    assert out.shape == (0, HQ, D) and lse.shape == (0, HQ)
+    assert lse.dtype == torch.float32
+    if validate or (validate is None and backend == "torch"):
+        with pytest.raises(ValueError, match="cu_seqlens_q"):  # q rows without a request
+            pa.extend_attention(torch.randn(2, HQ, D), a["k_cache"], a["v_cache"],
+                                a["block_table"][:0], torch.tensor([0], dtype=torch.int32),
+                                a["seq_lens"][:0], backend=backend, validate=validate)
+
+
+@pytest.mark.parametrize("cache_layout,passed,hint", [("bshd", "bhsd", "bshd"),
+                                                      ("bshd", "hcu", "bshd"),
+                                                      ("bhsd", "bshd", "bhsd")])
+def test_cache_in_another_layout_is_named(cache_layout, passed, hint):
+    """A cache passed with the wrong layout reads block_size as num_kv_heads: the head-count
+    error says which layout its shape fits (16 tokens per block, 2 KV heads, 8 query heads)."""
+    k, v = pa.make_kv_cache(NB, 16, 2, D, layout=cache_layout, dtype=torch.float32)
+    if passed == "hcu":
+        v = v.transpose(2, 3).contiguous()  # hcu's V: [blocks, heads, D, block_size]
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=rf"num_q_heads 8 is not a multiple of num_kv_heads 16; "
+                                         rf"is k_cache in layout '{hint}'\? pass layout='{hint}'"):
+        pa.paged_decode(torch.randn(1, 8, D), k, v, table, torch.ones(1, dtype=torch.int32),
+                        layout=passed, backend="torch")
+    with pytest.raises(ValueError, match=rf"layout='{hint}'"):
+        pa.extend_attention(torch.randn(1, 8, D), k, v, table,
+                            torch.tensor([0, 1], dtype=torch.int32),
+                            torch.ones(1, dtype=torch.int32), layout=passed, backend="torch")
+
+
+def test_head_count_error_without_a_layout_that_fits_has_no_hint():
+    """3 query heads fit neither reading (2 heads in bhsd, 4 in bshd): no hint."""
+    with pytest.raises(ValueError, match="num_q_heads 3 is not a multiple of num_kv_heads 2$"):
+        _call(q=torch.randn(B, 3, D))

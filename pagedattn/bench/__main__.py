@@ -26,6 +26,23 @@ PARTS = {"decode": "pagedattn.bench.decode", "extend": "pagedattn.bench.extend",
          "block-manager": "pagedattn.bench.block_manager", "radix": "pagedattn.bench.radix"}
 
 
+# --help text: plain and self-contained (an installed wheel has no docs folder to point to)
+HELP = "pagedattn's benchmarks: tables of timings against measured ceilings and peers."
+EPILOG = """commands:
+  run            the main job on any device: the serving replay table, then a short A/B
+                 table of paged_decode and extend_attention with every available backend.
+                 Without a GPU, Triton runs under its interpreter on tiny shapes (timings
+                 not meaningful) and the replay uses the torch backend.
+  record         on a GPU: the decode and extend tables of record beside FlashInfer and
+                 torch SDPA, as fractions of ceilings measured in the same run, with the
+                 device and software facts and the command, into one folder (--out).
+  decode, extend, ab, replay, block-manager, radix
+                 one part alone, with its own flags: pagedattn-bench decode --help
+
+Every table is written as NAME.md, NAME.csv and NAME.json. The source repository's
+documentation (bench.md) describes each table and the results of record."""
+
+
 def _replay_backend(device: str, backend: str) -> str:
     # NOTE: "auto" on a CPU with TRITON_INTERPRET=1 would pick the interpreted Triton kernels
     # for every layer of every step: minutes instead of seconds. The A/B table covers Triton.
@@ -104,7 +121,8 @@ def main(argv=None) -> int:
         import importlib
         rc = importlib.import_module(PARTS[argv[0]]).main(argv[1:])
         return rc if isinstance(rc, int) else 0
-    ap = argparse.ArgumentParser(prog="pagedattn-bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="pagedattn-bench", description=HELP, epilog=EPILOG,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("run", help="the main job: replay + short A/B on this device")
     p.add_argument("--out", default="results", help="folder for the tables")

@@ -206,12 +206,7 @@ def run_ab(op: str, shapes, *, device: str, ceilings: Dict, baseline: Optional[s
                     progress.step(f"{name} not installed")
                 continue
             except Exception as e:  # noqa: BLE001 - a backend's failure is a table entry
-                msg = str(e)
-                if "cannot serve" in msg:  # dispatch's refusal: keep the reasons
-                    msg = "n/a: " + msg.split(": ", 1)[-1]
-                else:
-                    msg = f"{type(e).__name__}: {msg}"
-                row["note"] = C.fmt_reasons([msg])
+                row["note"] = C.fmt_reasons([C.failure_note(e)])
                 rows.append(row)
                 if progress:
                     progress.step(f"{name} {s.label()}")
@@ -245,7 +240,6 @@ def report(*, device: str, ceilings: Dict, out: str, quick: bool = False,
            cuda_graph: bool = False) -> List[str]:
     """Run the suites of ``device``; print and write ab_decode / ab_extend tables."""
     texts = []
-    header = C.results_header(device=device, ceilings=ceilings)
     for op in ops:
         if device == "cuda":
             shapes = GPU_DECODE if op == "paged_decode" else GPU_EXTEND
@@ -256,9 +250,12 @@ def report(*, device: str, ceilings: Dict, out: str, quick: bool = False,
         prog = C.Progress(len(shapes) * len(BACKENDS), f"A/B {op}")
         df = run_ab(op, shapes, device=device, ceilings=ceilings, baseline=baseline,
                     cuda_graph=cuda_graph, progress=prog)
+        ran = list(dict.fromkeys(df["backend"][df["median µs"].notna()])) \
+            if "median µs" in df.columns else []
+        header = C.results_header(device=device, ceilings=ceilings, ran=ran)
         title = f"A/B {op} on {C.device_name(device)}"
         if device == "cpu":
-            title += f" ({C.INTERPRETER_NOTE})"
+            title += f" ({C.cpu_note(ran)})"
         unit = ("GB/s = bytes moved (K+V once per KV head, q, out, table) / median time; "
                 f"% of the read bandwidth ({ceilings['read_ceiling']})" if op == "paged_decode"
                 else "TFLOP/s = causal attention FLOPs (4·H·D per visible query-key pair) / "
@@ -276,7 +273,8 @@ def report(*, device: str, ceilings: Dict, out: str, quick: bool = False,
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench ab", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="pagedattn-bench ab",
+                               description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="results")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--baseline", default=None, choices=list(BACKENDS))

@@ -4,8 +4,9 @@
   fork -> append_slot on every child (one copy-on-write each) -> free, plus ``get_block_table``
   for batches of 256; with prefix caching off and on (every prompt shares a 64-token system
   prompt). Wall-clock ops/s of the Python manager, one thread.
-* Memory (reference §1.1, vLLM paper §2.3 / Fig. 2): the fraction of reserved KV slots that hold
-  real tokens, averaged over every decode step of every request (token-steps), for
+* Memory (docs/block_manager.md, "Memory utilisation"; vLLM paper §2.3 / Fig. 2): the fraction
+  of reserved KV slots that hold real tokens, averaged over every decode step of every request
+  (token-steps), for
 
   | scheme | slots reserved for a request with prompt p at output step t (of o) |
   |---|---|
@@ -141,7 +142,8 @@ def throughput_table(*, num_seqs: int, decode: int, block_size: int, seed: int) 
 # ############################################# main #############################################
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="pagedattn-bench block-manager",
+                               description=__doc__.splitlines()[0])
     ap.add_argument("--num-seqs", type=int, default=10_000)
     ap.add_argument("--decode", type=int, default=16, help="append_slot calls per sequence")
     ap.add_argument("--block-size", type=int, default=16)

@@ -97,8 +97,11 @@ def git_commit() -> str:
         return "unknown"
 
 
-def results_header(*, device: str, ceilings: Optional[Dict[str, float]] = None) -> Dict[str, str]:
-    """Provenance of a table: date, commit, device, versions, ceilings of this run."""
+def results_header(*, device: str, ceilings: Optional[Dict[str, float]] = None,
+                   ran: Optional[Sequence[str]] = None) -> Dict[str, str]:
+    """Provenance of a table: date, commit, device, versions, ceilings of this run; ``ran``: the
+    backends or providers that produced its numbers (a ``ran`` entry; the triton version says
+    "(interpreter)" only when a Triton one is among them, or ``ran`` is not given)."""
     import torch
 
     try:
@@ -106,17 +109,36 @@ def results_header(*, device: str, ceilings: Optional[Dict[str, float]] = None) 
         tv = triton.__version__
     except ImportError:
         tv = "not installed"
+    triton_ran = tv != "not installed" and (ran is None or _has_triton(ran))
     h = {
         "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "commit": git_commit(),
         "device": device_name(device),
         "torch": torch.__version__ + (f" (hip {torch.version.hip})" if torch.version.hip else ""),
-        "triton": tv + (" (interpreter)" if device == "cpu" and interpreter_on() else ""),
+        "triton": tv + (" (interpreter)" if device == "cpu" and interpreter_on() and triton_ran
+                        else ""),
         "python": platform.python_version(),
     }
+    if ran is not None:
+        h["ran"] = ", ".join(ran) or "nothing"
     for k, v in (ceilings or {}).items():
         h[k] = f"{v:.4g}" if isinstance(v, float) else str(v)
     return h
+
+
+def _has_triton(ran: Sequence[str]) -> bool:
+    return any(r.startswith("triton") for r in ran)
+
+
+def cpu_note(ran: Sequence[str]) -> str:
+    """What a CPU table measured, for its title or notes: :data:`INTERPRETER_NOTE` when a Triton
+    backend ran, else which ones did (and that triton is missing, when it is)."""
+    if _has_triton(ran):
+        return INTERPRETER_NOTE
+    from pagedattn._triton import triton_available
+
+    what = f"only {', '.join(ran)} ran" if ran else "nothing ran"
+    return f"CPU: {what}" + ("" if triton_available() else " (triton is not installed)")
 
 
 def header_markdown(h: Dict[str, str]) -> str:
@@ -293,6 +315,15 @@ class Progress:
 
 def elapsed(t0: float) -> str:
     return f"{time.perf_counter() - t0:.1f} s"
+
+
+def failure_note(e: Exception) -> str:
+    """A table row's note for a backend or peer that failed: dispatch's refusal as ``n/a:`` and
+    its reasons (e.g. "triton is not installed"), anything else as its type and first line."""
+    msg = str(e)
+    if "cannot serve" in msg:
+        return "n/a: " + msg.split(": ", 1)[-1]
+    return f"{type(e).__name__}: {msg.splitlines()[0] if msg else ''}"
 
 
 def fmt_reasons(reasons: List[str], limit: int = 90) -> str:

@@ -137,7 +137,8 @@ def _flashinfer(q, k, v, table, lens, bs, tensor_cores=True, backend="auto"):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="pagedattn-bench decode",
+                               description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one head config, block 16, 3 shapes")
     ap.add_argument("--out", default=None, help="directory for decode.{md,csv,json}")
     ap.add_argument("--mode", default=None, choices=["one_pass", "split", "balance", "count"],
@@ -154,9 +155,13 @@ def main(argv=None):
 
     import importlib
 
-    PD = importlib.import_module("pagedattn.triton_kernels.decode")
+    from pagedattn._triton import triton_available
 
-    PD.FORCE_MODE = args.mode
+    # without triton the Triton rows are notes (dispatch's reason) and the mode column is empty
+    PD = importlib.import_module("pagedattn.triton_kernels.decode") if triton_available() \
+        else None
+    if PD is not None:
+        PD.FORCE_MODE = args.mode
     gen = torch.Generator(device=device).manual_seed(0)
     if device == "cuda":
         dtype = torch.bfloat16
@@ -167,7 +172,8 @@ def main(argv=None):
     else:  # interpreter smoke: fp16 (the interpreter's bf16 dot is wrong), one tiny shape
         dtype = torch.float16
         shapes, heads, blocks = [(2, 40)], [(8, 2)], [16]
-        dev_name = "CPU (Triton interpreter: timings NOT meaningful, smoke run only)"
+        dev_name = "CPU (Triton interpreter: timings NOT meaningful, smoke run only)" \
+            if PD is not None else "CPU (triton is not installed: the Triton row is a note)"
     from pagedattn.bench.read_probe import read_ceiling
 
     bw, bw_how, bw_all = read_ceiling(device, (4 << 30) if device == "cuda" else (16 << 20))
@@ -194,8 +200,10 @@ def main(argv=None):
                                      note=f"setup failed: {e}"[:80]))
                     continue
                 nbytes = 2 * batch * ctx * hkv * D * k.element_size() + 2 * q.numel() * 2
-                n_part = -(-table.shape[1] * bs // PD.default_partition_size(hq // hkv))
-                mode = args.mode or PD._mode(batch, hkv, q.device, n_part)
+                mode = args.mode
+                if mode is None and PD is not None:
+                    n_part = -(-table.shape[1] * bs // PD.default_partition_size(hq // hkv))
+                    mode = PD._mode(batch, hkv, q.device, n_part)
                 row = dict(Hq=hq, Hkv=hkv, block=bs, batch=batch, ctx=ctx, mode=mode,
                            MB=round(nbytes / 1e6, 1))
                 out = torch.empty_like(q)
@@ -227,7 +235,7 @@ def main(argv=None):
                         row[f"{name}_frac"] = round(nbytes / (us * 1e-6) / bw, 3)
                         fns[name] = fn
                     except Exception as e:  # noqa: BLE001
-                        notes.append(f"{name}: {type(e).__name__}: {e}"[:100])
+                        notes.append(f"{name}: {C.failure_note(e)}"[:100])
                 if device == "cuda":  # graph timings in rounds, each in a rotated peer order
                     times = {name: [] for name in fns}
                     for r in range(ROUNDS):
@@ -250,7 +258,9 @@ def main(argv=None):
                 if device == "cuda":
                     torch.cuda.empty_cache()
     df = pd.DataFrame(rows)
-    header = C.results_header(device=device, ceilings={"read_GBps": bw / 1e9})
+    ran = [c[:-3] for c in df.columns if c.endswith("_us") and not c.endswith("_graph_us")
+           and df[c].notna().any()]
+    header = C.results_header(device=device, ceilings={"read_GBps": bw / 1e9}, ran=ran)
     header.update(dtype=str(dtype), D=str(D), layout="bhsd")
     notes = [f"read bandwidth ({bw_how}; bytes read / time); GB/s of each: "
              + ", ".join(f"{k} {v:.0f}" for k, v in bw_all.items()),

@@ -1,10 +1,11 @@
 """The replay's serving engines: a scheduler loop over the cache managers and the real ops.
 
 * ``RadixEngine``: continuous batching over RadixCache + TokenPool (one slot = one token = a
-  block_size-1 cache in layout "bshd"), cache-aware admission (reference §2.5), one ragged
-  ``extend_attention`` batch per step for newly admitted requests (``store_kv`` writes the new
-  tokens first), one ``paged_decode`` batch per step for the running ones, the request lifecycle
-  of §4 (match + lock, allocate the rest, insert after prefill and at finish, unlock).
+  block_size-1 cache in layout "bshd"), cache-aware admission (longest cached prefix first), one
+  ragged ``extend_attention`` batch per step for newly admitted requests (``store_kv`` writes the
+  new tokens first), one ``paged_decode`` batch per step for the running ones, the request
+  lifecycle of cache_mgmt/radix_lifecycle.py (match + lock, allocate the rest, insert after
+  prefill and at finish, unlock).
 * ``ForkEngine``: parallel sampling on a BlockManager (layout "bhsd"): prefill once, ``fork``,
   and the copy-on-write copies of ``append_slot`` applied by ``copy_blocks`` before each write.
 
@@ -172,7 +173,7 @@ class RadixEngine(_Engine):
         return self.pool.available_size() >= n
 
     def _admit(self, waiting: List[Req], running: List[Req]) -> List[Req]:
-        if self.cache is not None:  # cache-aware order (§2.5): longest cached prefix first
+        if self.cache is not None:  # cache-aware order: longest cached prefix first
             waiting.sort(key=lambda r: -len(self._match(r).indices))
         batch = []
         while waiting and len(running) + len(batch) < self.max_batch:

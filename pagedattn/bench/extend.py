@@ -130,7 +130,7 @@ def _time(fn, device):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pagedattn.bench extend",
+    p = argparse.ArgumentParser(prog="pagedattn-bench extend",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="two shapes, one FlashInfer backend")
     p.add_argument("--out", default=None, help="write extend.{md,csv,json} here")
@@ -148,8 +148,6 @@ def main(argv=None) -> int:
     else:  # the interpreter: fp16 (its bf16 tl.dot is wrong), one tiny shape, no peers' JIT
         shapes, dtype, fi_backends = [CPU_SHAPE], torch.float16, []
     rows, notes = [], []
-    if device == "cpu":
-        notes.append(C.INTERPRETER_NOTE + f": one tiny shape {CPU_SHAPE} in fp16")
     for batch, prefix, extend in shapes:
         torch.manual_seed(0)
         x = make_inputs(batch, prefix, extend, device, dtype)
@@ -177,15 +175,18 @@ def main(argv=None) -> int:
                     except Exception as e:  # noqa: BLE001 - e.g. a peer that syncs in run()
                         row["note"] = (how + f"; graph: {type(e).__name__}")[:100]
             except Exception as e:  # noqa: BLE001 - a peer's failure is a note, not a crash
-                row.update(ms=None, TFLOPs=None, pct_matmul=None,
-                           note=f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}")
+                row.update(ms=None, TFLOPs=None, pct_matmul=None, note=C.failure_note(e)[:90])
             rows.append(row)
         del x
         if device == "cuda":
             torch.cuda.empty_cache()
     df = pd.DataFrame(rows)
+    ran = list(dict.fromkeys(r["provider"] for r in rows if r.get("ms") is not None))
+    if device == "cpu":
+        notes.insert(0, C.cpu_note(ran) + f": one tiny shape {CPU_SHAPE} in fp16")
     header = C.results_header(device=device, ceilings={"matmul_TFLOPs": mm,
-                                                       "matmul_ceiling": ceil["matmul_ceiling"]})
+                                                       "matmul_ceiling": ceil["matmul_ceiling"]},
+                              ran=ran)
     notes.append(f"Hq/Hkv {HQ}/{HKV}, D {D}, page {PAGE}, layout bhsd, new K/V from "
                  f"{a.new_from}; FLOPs count visible (shifted-causal) keys only")
     print(C.header_markdown(header))

@@ -284,8 +284,14 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
+COMMIT = None  # --commit: the commit to report (a copy of the tree without .git)
+
+
 def git_commit() -> str:
-    """Short commit of the checkout, `-dirty` when tracked code differs from it."""
+    """Short commit of the checkout, `-dirty` when tracked code differs from it (COMMIT when
+    set; `nogit` outside a checkout)."""
+    if COMMIT:
+        return COMMIT
     root = REPO
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
@@ -403,8 +409,29 @@ def report(df, ev, mism, versions, args, out, argv) -> str:
     return text
 
 
+def check_record_args(args) -> None:
+    """Set COMMIT from --commit; exit with the reason when --record cannot name a commit (a
+    dirty checkout, or a tree without .git and no --commit) or has nowhere to go (outside a
+    checkout without --out)."""
+    global COMMIT
+    COMMIT = args.commit or None
+    if not args.record:
+        return
+    commit = git_commit()
+    if commit.endswith("-dirty"):
+        sys.exit(f"--record: the checkout has uncommitted changes ({commit}): commit first "
+                 "(results of record name a commit)")
+    if commit == "nogit":
+        sys.exit("--record: not a git checkout: name the commit the tree holds with --commit "
+                 "(results of record name a commit), and the folder with --out")
+    if not os.path.exists(os.path.join(REPO, ".git")) and not args.out:
+        sys.exit(f"--record: {REPO} is not a checkout (no bench/results/radix/ to write to): "
+                 "give --out DIR")
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="pagedattn-bench radix",
+                               description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
     ap.add_argument("--sglang", default=",".join(peer.VERSIONS), help="SGLang releases "
                     "beside ours (pip): versions, 'latest' or 'none' (default: %(default)s)")
@@ -412,13 +439,14 @@ def main(argv=None):
                     "tables show the median of the runs (default: %(default)s)")
     ap.add_argument("--no-fast", action="store_true", help="skip the bytes/array-key rows")
     ap.add_argument("--record", action="store_true", help="write the results of record to "
-                    "bench/results/radix/<date>-<cpu>-<commit>/ (a clean checkout)")
+                    "bench/results/radix/<date>-<cpu>-<commit>/ (a clean checkout, or --commit "
+                    "and --out)")
+    ap.add_argument("--commit", default=None, help="the commit to report (a tree without .git)")
     ap.add_argument("--out", help="write the results to this directory instead")
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="skip gc.freeze() of the startup heap (torch import: ~165k objects)")
     args = ap.parse_args(argv)
-    if args.record and git_commit().endswith(("-dirty", "nogit")):
-        sys.exit("--record: commit first (results of record name a commit)")
+    check_record_args(args)
     versions = []
     for v in [] if args.sglang == "none" else args.sglang.split(","):
         try:

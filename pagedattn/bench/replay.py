@@ -1,4 +1,4 @@
-"""Serving replay (reference §4): the end-to-end proof, as a table.
+"""Serving replay: the end-to-end proof, as a table (docs/bench.md).
 
 Each workload (workloads.py) runs twice through a tiny decoder (model.py) on the
 engines of engine.py: **cache on** (RadixCache prefix reuse, or fork + copy-on-write for
@@ -150,7 +150,8 @@ def run_replay(*, device: str = "cpu", backend: str = "auto", dtype: torch.dtype
 def main(argv=None) -> int:
     from pagedattn.bench import common as C
 
-    ap = argparse.ArgumentParser(prog="python -m bench replay", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="pagedattn-bench replay",
+                               description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="results")
     ap.add_argument("--backend", default="auto", choices=["auto", "torch", "triton", "hip"])
     ap.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
@@ -174,12 +175,14 @@ def report(*, device, backend, dtype, quick, seed, out, names=None, ceilings=Non
     n = len([w for w in W.ALL if not names or w.__name__.replace("_", "-") in names])
     df, notes = run_replay(device=device, backend=backend, dtype=dtype, quick=quick, seed=seed,
                            names=names, progress=C.Progress(n, "replay"))
+    ran = sorted({b for via in df["ops via"] for b in via.split("/")}) if len(df) else []
     title = f"Serving replay on {C.device_name(device)}, backend={backend}"
-    if device == "cpu" and backend == "triton":
-        title += f" ({C.INTERPRETER_NOTE})"
+    if device == "cpu":
+        title += f" ({C.cpu_note(ran)})"
     notes.append(f"replay wall time {C.elapsed(t0)}")
     print(C.write_table(df, out, "replay", title=title, notes=notes,
-                        header=C.results_header(device=device, ceilings=ceilings)), flush=True)
+                        header=C.results_header(device=device, ceilings=ceilings, ran=ran)),
+          flush=True)
     return 0 if len(df) and bool(df["ok"].all()) else 1
 
 

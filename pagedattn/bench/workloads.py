@@ -1,4 +1,4 @@
-"""Serving workloads of the replay, as data (reference §2.1: where prefix reuse pays).
+"""Serving workloads of the replay, as data: where prefix reuse pays.
 
 A request's prompt is its parent's full history (prompt + generated tokens) followed by its own
 tokens; a request with a parent becomes ready when the parent finishes (multi-turn chat, tree

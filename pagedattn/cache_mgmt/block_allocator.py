@@ -1,6 +1,6 @@
 """Physical block allocator: free list, reference counts, prefix-hash registry, undo journal.
 
-A block is in exactly one of three states (TESTING.md §D6, I1)::
+A block is in exactly one of three states (docs/block_manager.md, "Block states")::
 
     free        ref == 0, no hash      -> handed out first, FIFO
     evictable   ref == 0, hashed       -> freed but its KV is still valid (prefix cache);

@@ -1,4 +1,4 @@
-"""Block-level hash prefix cache (vLLM-style, reference §2.1), for comparison with RadixCache.
+"""Block-level hash prefix cache (vLLM-style), for comparison with RadixCache.
 
 Only *full* blocks are cached, under a chained hash `H_k = hash(H_{k-1}, tokens of block k)`;
 a hit is re-verified against the block's stored tokens, so a hash collision is a miss, never

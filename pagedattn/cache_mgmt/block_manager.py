@@ -1,6 +1,6 @@
 """Paged block manager: per-sequence block tables, fork, copy-on-write, optional prefix caching.
 
-The vLLM scheme (reference §1.2.3): a sequence of ``L`` tokens owns ``ceil(L / B)`` physical
+The vLLM scheme (docs/block_manager.md): a sequence of ``L`` tokens owns ``ceil(L / B)`` physical
 blocks; ``fork`` copies the parent's table and adds one reference per block (zero new blocks);
 appending to a partially filled tail that another sequence shares (``ref > 1``) first moves the
 writer to a fresh block and returns the ``(src, dst)`` copy the caller runs with

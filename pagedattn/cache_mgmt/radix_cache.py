@@ -1,4 +1,4 @@
-"""Radix prefix cache (SGLang RadixAttention, reference §2.2-2.4), built for low CPU overhead.
+"""Radix prefix cache (SGLang RadixAttention; docs/radix_cache.md), built for low CPU overhead.
 
 A compressed radix tree over token ids. Each edge (node) holds a key (its token run) and a value
 (the pool slots holding those tokens' KV). Sharing a prefix = sharing the path from the root.
@@ -18,7 +18,7 @@ Performance design (see docs/radix_cache.md):
   the same steps in Python, with the same results.
 
 Namespaces: `extra_key` (LoRA id, tenant salt...) selects a separate root; namespaces never share
-nodes. Locks (§2.3): `lock_ref(node)` is the number of live handles whose path contains the
+nodes. Locks: `lock_ref(node)` is the number of live handles whose path contains the
 node; each root holds a permanent lock of 1. `own(node)` counts the handles that end at the
 node, so an unlock must name a node that was locked itself, not one locked only through a
 descendant.
@@ -228,7 +228,8 @@ class RadixCache:
     def evict(self, num_tokens: int) -> int:
         """Free at least `num_tokens` slots from unlocked leaves, lowest priority first
         (LRU: oldest touch; LFU: fewest hits, then oldest). A parent left childless and unlocked
-        becomes a leaf and competes with its old time (§2.4). Returns the tokens freed.
+        becomes a leaf and competes with its old time (docs/radix_cache.md, "Eviction order").
+        Returns the tokens freed.
 
         All victims' slots go back in one pool call (`_release_cached`); if it raises, the
         victims are put back (tree, sizes and eviction order as before the call) and the error

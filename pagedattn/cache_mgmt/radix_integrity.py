@@ -1,4 +1,5 @@
-"""Full-walk integrity check and rendering of a RadixCache (TESTING.md §D6, R2-R10).
+"""Full-walk integrity check and rendering of a RadixCache: the invariants the
+model-based tests check after every step (docs/radix_cache.md, "Contracts").
 
 `check_radix_integrity` visits every node from the roots through the children tables (the real
 structure, not a cached summary); it is O(tree) and meant for tests and debugging.

@@ -1,13 +1,15 @@
-"""Request lifecycle over a RadixCache (reference §4) and cache-aware scheduling (§2.5).
+"""Request lifecycle over a RadixCache (the serving replay's, docs/bench.md) and cache-aware
+scheduling (longest cached prefix first).
 
     admit_req            match_prefix + inc_lock_ref + alloc the uncached part (evicts if needed)
     extend_req           decode / next chunk: more tokens, more slots (whole pages)
     cache_unfinished_req chunked prefill: put the computed prefix in the tree, move the lock down
     cache_finished_req   insert, free duplicates and the partial tail page, unlock
 
-"Nothing lost" (TESTING.md §D6): at every moment each pool slot is exactly one of free,
-in the tree (locked or not), or owned by one live request (`owned_slots(req)`): the slots after
-its locked prefix plus `pending_free` (slots whose free failed and will be retried).
+"Nothing lost" (the invariant the model-based tests check): at every moment each pool slot is
+exactly one of free, in the tree (locked or not), or owned by one live request
+(`owned_slots(req)`): the slots after its locked prefix plus `pending_free` (slots whose free
+failed and will be retried).
 """
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ block 16). The shapes are real tensors on the device, so the backends' own ``sup
 ``--all-archs`` also prints, per arch family, the backends' verification levels and what ``auto``
 picks from the package's table alone and once the backends passed the self-check there.
 """
+import argparse
 import os
 import sys
 
@@ -92,7 +93,22 @@ def all_archs_table() -> str:
                        tablefmt="github"))
 
 
-def main(argv) -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pagedattn.dispatch",
+                                 description="The device, its arch facts, and the backend each "
+                                 "op picks for typical decode and extend shapes (32 q / 8 kv "
+                                 "heads, head_dim 128, block 16), with the reasons.")
+    ap.add_argument("--all-archs", action="store_true",
+                    help="also print, per arch family, the backends' verification levels and "
+                    "what auto picks from the package's table alone and once the backends "
+                    "passed the self-check there")
+    flags = ap.parse_args(argv)  # --help: exit 0; an unknown flag: exit 2
+    from pagedattn import config
+    try:
+        config.validate_all()
+    except ValueError as e:
+        print(f"{ap.prog}: {e}", file=sys.stderr)
+        return 2
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     arch = detect_arch(dev)
     facts = device_facts(dev)
@@ -124,10 +140,10 @@ def main(argv) -> int:
             for r in d.reasons:
                 if " skipped: " in r:
                     print(" " * 33 + "- " + r)
-    if "--all-archs" in argv:
+    if flags.all_archs:
         print("\n" + all_archs_table())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-# Hygon DCU arch names (HIP.md §5.3, from Hygon tooling): Kongming gfx926/928, Bowen
+# Hygon DCU arch names (from Hygon's DTK tooling): Kongming gfx926/928, Bowen
 # gfx936/938, Yueying gfx92a, Shaobo gfx946, gfx948. Every other gfx is AMD.
 HYGON_ARCHS = frozenset({"gfx926", "gfx928", "gfx936", "gfx938", "gfx92a", "gfx946", "gfx948"})
 
@@ -33,21 +33,22 @@ class ArchFacts(NamedTuple):
 KB = 1024
 
 # One row per arch the project knows. Why each value:
-# * wave_size: gfx9 (AMD CDNA and every Hygon DCU) is wave64; NVIDIA warps are 32 (HIP.md §1.2).
-# * matrix_unit: what the HIP kernels' mma_nt lowers to (HIP.md §2.1). sm_90 has WGMMA (Triton
-#   uses it; our HIP kernels use mma.sync there); sm_100 has tcgen05 (UMMA).
+# * wave_size: gfx9 (AMD CDNA and every Hygon DCU) is wave64; NVIDIA warps are 32.
+# * matrix_unit: what the HIP kernels' mma_nt lowers to (docs/hip.md, "Matrix unit by arch").
+#   sm_90 has WGMMA (Triton uses it; our HIP kernels use mma.sync there); sm_100 has tcgen05
+#   (UMMA).
 # * smem_per_block: LDS is 64 KB on gfx90a/942/928/936/938, 128 KB on gfx946, 160 KB on gfx950
-#   (HIP.md §1.2); NVIDIA opt-in maxima: 163 KB sm_80, 99 KB sm_86/89, 227 KB sm_90/100.
+#   (the vendors' ISA guides); NVIDIA opt-in maxima: 163 KB sm_80, 99 KB sm_86/89, 227 KB sm_90/100.
 # * num_cus: MI250X GCD 110, MI300X 304, MI355X 256, Hygon 928/936/938 = 128/88/72
-#   (HIP.md §2.1, aiter-das chip_info), A100 108, A40 84, L40S 142, H100/H200 132, B200 148.
+#   (aiter-das chip_info), A100 108, A40 84, L40S 142, H100/H200 132, B200 148.
 # * fp8: gfx936 reads e5m2 only; gfx938 and gfx942 read e4m3 too (gfx942's units use the FNUZ
 #   variants; the kernels convert OCP bits on load); gfx950 has OCP fp8. On NVIDIA, Triton's
 #   e4m3 (fp8e4nv) conversion needs sm_89+, while e5m2 (the top byte of an fp16) converts
 #   anywhere, so sm_80/86 and gfx90a get e5m2 only.
 # * hip_built: PYTORCH_ROCM_ARCH="gfx90a;gfx942", DTK's default "gfx928;gfx936;gfx938", and
 #   TORCH_CUDA_ARCH_LIST="8.0;9.0" (sm_80 cubins also run on sm_86/89). gfx950 and sm_100 are
-#   not targets (HIP.md §6.7; sm_90 cubins do not run on sm_100), nor gfx92a/946 (not in DTK's
-#   default list).
+#   not targets (docs/hip.md, "Building and running"; sm_90 cubins do not run on sm_100), nor
+#   gfx92a/946 (not in DTK's default list).
 ARCH_FACTS = {f.arch: f for f in (
     ArchFacts("gfx90a", "amd", 64, "MFMA", 64 * KB, 110, ("e5m2",), True),
     ArchFacts("gfx942", "amd", 64, "MFMA", 64 * KB, 304, ("e4m3", "e5m2"), True),
@@ -62,7 +63,7 @@ ARCH_FACTS = {f.arch: f for f in (
     ArchFacts("sm_90", "nvidia", 32, "WGMMA", 227 * KB, 132, ("e4m3", "e5m2"), True),
     ArchFacts("sm_100", "nvidia", 32, "tcgen05", 227 * KB, 148, ("e4m3", "e5m2"), False),
     # The Triton interpreter computes fp16, fp32 and fp8 correctly but multiplies raw bits in
-    # bf16 tl.dot (TESTING.md), so bf16 is not a correct dtype on cpu. num_cus 1: no device
+    # bf16 tl.dot (README.md, "Tests"), so bf16 is not a correct dtype on cpu. num_cus 1: no device
     # to fill, so decode takes the one-pass variant.
     ArchFacts("cpu", "cpu", 0, "none", 0, 1, ("e4m3", "e5m2"), False,
               (torch.float16, torch.float32)),

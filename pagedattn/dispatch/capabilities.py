@@ -72,7 +72,7 @@ TORCH = BackendCaps("torch", "pagedattn.torch_backend", ANYWHERE, {
     "copy_blocks": _ANY_COPY,
 })
 
-# triton: the portable default (DESIGN.md): every layout through the shared address function,
+# triton: the portable default (docs/dispatch.md): every layout through the shared address function,
 # any block size (1: SGLang's token pool; 528, 544: hybrid models' pages), head dims 1 to 576
 # for K and V separately (MLA). Decode splits a group of more query rows than one program
 # holds over several programs per KV head (triton_kernels.decode._head_split); extend takes
@@ -87,7 +87,7 @@ TRITON = BackendCaps("triton", "pagedattn.triton_kernels", GPU_OR_INTERPRETER, {
     "copy_blocks": _ANY_COPY,
 })
 
-# hip: the hand-written fast path (HIP.md §4; hip_kernels/csrc/attn_inst.cuh). Matrix units
+# hip: the hand-written fast path (docs/hip.md; hip_kernels/csrc/attn_inst.cuh). Matrix units
 # take fp16/bf16 only; the instantiated head dims are 64 and 128 (launch_decode/launch_extend);
 # pages >= 16, a power of 2 (the kernel's precondition block: delta-base addressing needs
 # page_size % BLOCK_N == 0). Any group: REUSE_KV_TIMES tops out at 64 and larger groups take
@@ -120,10 +120,12 @@ def unsupported(backend: str, op: str, arch: ArchFacts, *, dtype=None, kv_dtype=
                 head_dim: Optional[int] = None, block_size: Optional[int] = None,
                 group: Optional[int] = None, layout: Optional[str] = None,
                 features: FrozenSet[str] = frozenset(), interpret: bool = False,
-                q_len: int = 1, head_dim_v: Optional[int] = None) -> list:
+                q_len: int = 1, head_dim_v: Optional[int] = None,
+                has_triton: bool = True) -> list:
     """Reasons the declared table of ``backend`` rules the call out ([] = declared supported).
 
-    A fact given as None (unknown, or not meaningful for the op) is not checked.
+    A fact given as None (unknown, or not meaningful for the op) is not checked. has_triton:
+    whether ``import triton`` works here (without it no GPU or interpreter setting helps).
     """
     caps = CAPS[backend]
     oc = caps.ops.get(op)
@@ -131,7 +133,9 @@ def unsupported(backend: str, op: str, arch: ArchFacts, *, dtype=None, kv_dtype=
         return [f"{backend} does not implement {op}"]
     why = []
     gpu = arch.vendor != "cpu"
-    if caps.where == GPU_OR_INTERPRETER and not gpu and not interpret:
+    if caps.where == GPU_OR_INTERPRETER and not has_triton:
+        why.append("triton is not installed")
+    elif caps.where == GPU_OR_INTERPRETER and not gpu and not interpret:
         why.append("tensors are on the CPU and TRITON_INTERPRET is not set")
     if caps.where == HIP_BUILD and not arch.hip_built:
         why.append(f"the HIP extension is not built for {arch.arch} "

@@ -65,16 +65,16 @@ PREFERENCE = {
 }
 PREFERENCE_SOURCE = "docs/performance.md"
 
-# Split-KV partition (tokens): 512, or 256 when the GQA group exceeds 15 (DESIGN.md, reference
-# §5.2.5): a big group already gives each block 16+ rows of work, so more partitions are
+# Split-KV partition (tokens): 512, or 256 when the GQA group exceeds 15 (docs/dispatch.md): a
+# big group already gives each block 16+ rows of work, so more partitions are
 # needed to fill the device. PAGEDATTN_PARTITION_SIZE / partition_size= override.
 PARTITION_SIZE, PARTITION_SIZE_BIG_GROUP, BIG_GROUP = 512, 256, 15
 # Decode runs one pass when num_seqs * num_kv_heads >= FILL * CUs: the KV-head grid alone then
-# keeps enough K/V tiles in flight (DESIGN.md: "v1 vs v2 chosen by whether num_seqs *
-# num_kv_heads fills the device"). On the H200, with the one-pass program streaming its whole
-# sequence through one pipelined loop, one pass beats split-KV from 3.9 programs per SM (64 x 8:
-# 247 against 260 us) and loses badly at 0.5 per SM (8 x 8: 251 against 84 us). The Triton launcher
-# (triton_kernels.decode._mode) reads this constant.
+# keeps enough K/V tiles in flight (the one-pass vs split-KV choice is whether num_seqs *
+# num_kv_heads fills the device: docs/dispatch.md). On the H200, with the one-pass program
+# streaming its whole sequence through one pipelined loop, one pass beats split-KV from 3.9
+# programs per SM (64 x 8: 247 against 260 us) and loses badly at 0.5 per SM (8 x 8: 251
+# against 84 us). The Triton launcher (triton_kernels.decode._mode) reads this constant.
 FILL = 3
 # HIP decode template instantiations (hip_kernels/csrc/attn_inst.cuh PK_REUSEKV_SWITCH): the
 # smallest REUSE >= group; groups above 64 take ceil(group / 64) blocks per KV head.
@@ -186,7 +186,8 @@ def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[
            partition_size: Optional[int] = None, num_cus: Optional[int] = None,
            interpret: bool = False, backend: str = "auto", forced_by: str = "backend=",
            rejected: Tuple[Tuple[str, Tuple[str, ...]], ...] = (),
-           checked: Tuple[V.Check, ...] = (), head_dim_v: Optional[int] = None) -> Decision:
+           checked: Tuple[V.Check, ...] = (), head_dim_v: Optional[int] = None,
+           has_triton: bool = True) -> Decision:
     """The backend, variant and parameters for one call, from plain facts (pure, cached).
 
     arch: ``detect_arch()``'s string. dtype: q's dtype; kv_dtype: the cache's (default dtype).
@@ -195,6 +196,7 @@ def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[
     q_len: decode query tokens per sequence (> 1: speculative decoding).
     num_seqs, num_kv_heads, max_seq_len: the decode variant's inputs (None = unknown).
     num_cus: the device's CU/SM count (default: the arch table's). interpret: TRITON_INTERPRET.
+    has_triton: whether ``import triton`` works (the Triton backend's first condition).
     backend: "auto" or a forced backend (``forced_by`` names the override in messages).
     rejected: (backend, reasons) pairs its module's ``supports()`` gave at call time.
     checked: this device's self-check results for ``op``; auto picks only trusted backends.
@@ -226,13 +228,13 @@ def select(op: str, arch: str, *, dtype=None, kv_dtype=None, head_dim: Optional[
         features |= {"head_dim_v"}
     return _select(op, arch, dtype, kv_dtype, head_dim, head_dim_v, block_size, group, layout,
                    features, int(q_len), fills, short, partition_size, cus, bool(interpret),
-                   backend, forced_by, tuple(rejected), tuple(checked))
+                   backend, forced_by, tuple(rejected), tuple(checked), bool(has_triton))
 
 
 @functools.lru_cache(maxsize=4096)
 def _select(op, arch, dtype, kv_dtype, head_dim, head_dim_v, block_size, group, layout, features,
             q_len, fills, short, partition_size, cus, interpret, backend, forced_by, rejected,
-            checked) -> Decision:
+            checked, has_triton) -> Decision:
     facts = arch_facts(arch)._replace(num_cus=cus)
     f = dict(group=group, block_size=block_size, features=features, fills=fills, short=short,
              partition_size=partition_size)
@@ -242,7 +244,7 @@ def _select(op, arch, dtype, kv_dtype, head_dim, head_dim_v, block_size, group, 
         return C.unsupported(name, op, facts, dtype=dtype, kv_dtype=kv_dtype, head_dim=head_dim,
                              block_size=block_size, group=group, layout=layout,
                              features=features, interpret=interpret, q_len=q_len,
-                             head_dim_v=head_dim_v) \
+                             head_dim_v=head_dim_v, has_triton=has_triton) \
             + list(late.get(name, ()))
 
     def decide(name, notes):
@@ -363,7 +365,7 @@ def resolve_decision(op: str, backend: str = "auto", **facts) -> Decision:
     ``supports()`` has the final word: in auto mode a refusal moves on to the next backend (the
     refusal is listed in the reasons); a forced backend that refuses raises ValueError.
     """
-    from pagedattn._triton import interpreter_enabled
+    from pagedattn._triton import interpreter_enabled, triton_available
 
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {['auto', *BACKENDS]}, got {backend!r}")
@@ -376,7 +378,7 @@ def resolve_decision(op: str, backend: str = "auto", **facts) -> Decision:
     rejected = ()
     for _ in range(len(BACKENDS) + 1):
         d = select(op, arch, interpret=interpreter_enabled(), backend=backend,
-                   forced_by=forced_by, rejected=rejected, **plain)
+                   forced_by=forced_by, rejected=rejected, has_triton=triton_available(), **plain)
         why = _runtime_reasons(d.backend, op, facts)
         if not why:
             return V.warn_reference_fallback(d, op)

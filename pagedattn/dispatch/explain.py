@@ -34,7 +34,7 @@ def facts_for_call(op: str, *args, **kwargs):
         return a["backend"], dict(q=a["k"], k_cache=a["k_cache"], layout=a["layout"], geom=g)
     q = a["q"]
     V.check_q_and_heads(q, g, a["k_cache"].dtype, a["k_cache"].device,
-                        dims=(3, 4) if op == "paged_decode" else (3,))
+                        dims=(3, 4) if op == "paged_decode" else (3,), layout=a["layout"])
     opts = V.attn_options(q=q, g=g, kv_dtype=a["k_cache"].dtype, scale=a["scale"],
                           k_scale=a["k_scale"], v_scale=a["v_scale"],
                           sliding_window=a["sliding_window"], logit_cap=a["logit_cap"],

@@ -11,8 +11,8 @@ Stable names (other kernels import them; change only together with their users):
 * :func:`finalize_state` -- (m, l, acc) -> normalised output and log2-LSE, with optional sinks.
 
 Units: every logit here is in the log2 domain (natural logit * log2(e)), so the kernels use
-``exp2`` (reference §1.4.3). Masked logits are a real ``-inf``; an all-masked row keeps m = -inf
-and l = 0, and no helper ever evaluates ``-inf - (-inf)``.
+``exp2`` (one multiply by log2(e) folded into the scale). Masked logits are a real ``-inf``; an
+all-masked row keeps m = -inf and l = 0, and no helper ever evaluates ``-inf - (-inf)``.
 """
 import triton
 import triton.language as tl

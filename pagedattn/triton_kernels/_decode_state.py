@@ -21,10 +21,10 @@ _GRAINS = tl.constexpr(16)
 def merge(big_m, big_l, big_a, m_p, l_p, acc_p):
     """Fold one partition's state (m_p, l_p, acc_p) into the running (big_m, big_l, big_a).
 
-    §1.4.3 as an online merge in partition order: with M' = max(M, m_p), a = exp2(M - M') and
-    b = exp2(m_p - M'): L' = L a + l_p b, A' = A a + acc_p b. The FMAs are explicit, so every
-    kernel that merges (the one-pass loop, the split combine) rounds the same way: outputs are
-    bitwise equal across launch shapes. A neutral state (m_p = -inf, l_p = 0, acc_p = 0) is an
+    The split-KV combine as an online merge in partition order: with M' = max(M, m_p),
+    a = exp2(M - M') and b = exp2(m_p - M'): L' = L a + l_p b, A' = A a + acc_p b. The FMAs are
+    explicit, so every kernel that merges (the one-pass loop, the split combine) rounds the same
+    way: outputs are bitwise equal across launch shapes. A neutral state (m_p = -inf, l_p = 0, acc_p = 0) is an
     exact identity (a = 1, b = 0), so partitions with no key may be skipped or merged alike.
     m_p, l_p: [M]; acc_p [M, D] (unnormalised).
     """

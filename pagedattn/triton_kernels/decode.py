@@ -1,14 +1,15 @@
-"""Paged decode attention in Triton: one-pass (v1) and split-KV (v2) + combine (reference §1.4).
+"""Paged decode attention in Triton: one-pass (v1) and split-KV (v2) + combine
+(docs/performance.md, "Paged decode").
 
 Grid and work split
 -------------------
 One program per (KV head, sequence[, partition]) computes all G = Hq/Hkv query heads of the group
 (times Lq query tokens for speculative decode): R = G*Lq rows padded to BLOCK_M >= 16 for
-``tl.dot``, so each KV byte is read once (§1.4.4). A sequence is cut into partitions of
+``tl.dot``, so each KV byte is read once per group. A sequence is cut into partitions of
 PARTITION_SIZE tokens (512; 256 when G > 15; ``partition_size=`` overrides); each partition runs
 the online softmax over KV tiles of BLOCK_N tokens and yields (m_p, l_p, acc_p), and the
 partitions are merged in order by ``_decode_state.merge``, an online merge: with M' = max(M, m_p),
-L' = L exp2(M - M') + l_p exp2(m_p - M') and likewise for the output accumulator (§1.4.3).
+L' = L exp2(M - M') + l_p exp2(m_p - M') and likewise for the output accumulator.
 
 Two launch shapes evaluate exactly this arithmetic:
 
@@ -93,7 +94,7 @@ def _num_sms(device):
 
 
 def default_partition_size(group):
-    """PARTITION_SIZE rule (§5.2.5): 512, 256 when the GQA group is larger than 15."""
+    """PARTITION_SIZE rule (docs/dispatch.md): 512, 256 when the GQA group is larger than 15."""
     return 256 if group > 15 else 512
 
 

@@ -1,8 +1,8 @@
 """Extend (prefix-prefill) attention over the paged KV cache: Triton kernel and launcher.
 
 Request b owns query rows [cu[b], cu[b+1]) (Lq) and Lk = seq_lens[b] keys; its prefix is
-P = Lk - Lq. Query i sees key j iff j <= i + P (reference §3.2). The kernel walks the keys in two
-stages (§3.4):
+P = Lk - Lq. Query i sees key j iff j <= i + P (docs/layout.md). The kernel walks the keys in two
+stages (docs/performance.md, "Extend"):
 
   keys:   0 ........................ P | P ................... Lk
   stage 1 dense rectangle, no mask     | stage 2 lower triangle, loop ends at the diagonal
