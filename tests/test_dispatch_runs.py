@@ -90,6 +90,11 @@ FEATURE_KW = {  # feature -> public-op keywords that request it (hq = 4 in these
 }
 
 
+def _dv(d, feats):
+    """V's width: 40 for the head_dim_v feature (K and V of different widths), else K's."""
+    return 40 if "head_dim_v" in feats else None
+
+
 def _dense_kw(kw):
     cpu = lambda t: None if t is None else t.cpu()  # noqa: E731 (the oracle runs on the CPU)
     return dict(window=kw.get("sliding_window"), cap=kw.get("logit_cap"),
@@ -110,13 +115,13 @@ def run_decode(backend, dtype, kv, layout, *, d=64, bs=16, hkv=2, group=2, q_len
     hq = hkv * group
     lens = [max(q_len, 9), 0 if q_len == 1 else q_len, max(q_len, 2 * bs + 3)]
     b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
-                         dtype=kv, device=device, gen=gen)
+                         dtype=kv, device=device, gen=gen, head_dim_v=_dv(d, feats))
     shape = (len(lens), hq, d) if q_len == 1 else (len(lens), q_len, hq, d)
     q = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
     kw = {}
     for f in feats:
         kw.update({k: (v[:hq] if isinstance(v, torch.Tensor) else v)
-                   for k, v in FEATURE_KW[f]().items()})
+                   for k, v in FEATURE_KW.get(f, dict)().items()})
     if hq != 4:
         kw = {k: (torch.rand(hq) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
@@ -143,15 +148,17 @@ def run_extend(backend, dtype, kv, layout, *, d=64, bs=16, hkv=2, group=2, feats
     lq, lens = [3, 2], [7, bs + 4]
     prefix = [n - m for n, m in zip(lens, lq)]
     k_new = "k_new" in feats
+    dv = _dv(d, feats) or d
     b = make_paged_batch(lens, num_kv_heads=hkv, head_dim=d, block_size=bs, layout=layout,
-                         dtype=kv, device=device, gen=gen, fill_upto=prefix if k_new else None)
+                         dtype=kv, device=device, gen=gen, fill_upto=prefix if k_new else None,
+                         head_dim_v=dv)
     q = torch.randn(sum(lq), hq, d, generator=gen).to(device=device, dtype=dtype)
     cu = torch.tensor([0, lq[0], sum(lq)], dtype=torch.int32, device=device)
     kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v
           for f in feats if f in FEATURE_KW for k, v in FEATURE_KW[f]().items()}
     if k_new:
         kw["k_new"] = torch.randn(sum(lq), hkv, d, generator=gen).to(device=device, dtype=dtype)
-        kw["v_new"] = torch.randn(sum(lq), hkv, d, generator=gen).to(device=device, dtype=dtype)
+        kw["v_new"] = torch.randn(sum(lq), hkv, dv, generator=gen).to(device=device, dtype=dtype)
     masks = None
     if "tree_mask" in feats:
         masks = [torch.rand(m, n, generator=gen) < 0.6 for m, n in zip(lq, lens)]

@@ -202,3 +202,25 @@ def test_extend_guards_a_mask_range_outside_the_mask(device):
     out, lse = _extend_call(b, q, cu, custom_mask=mask, mask_indptr=indptr, max_q_len=3)
     assert torch.isnan(out[3:5]).all() and torch.isnan(lse[3:5]).all()
     assert torch.isfinite(out[:3]).all()
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("mode", ["one_pass", "split", "balance"])
+def test_errors_count_guarded_metadata_only_not_nan_data(backend, mode, monkeypatch):
+    """A NaN in q (valid metadata) gives NaN rows but no count, on every backend and launch
+    shape: the counter means guarded metadata, as on the torch backend."""
+    from pagedattn import make_kv_cache
+    monkeypatch.setattr(PD, "FORCE_MODE", mode)
+    gen = torch.Generator().manual_seed(46)
+    kc, vc = make_kv_cache(8, 4, 2, 32, dtype=torch.float32)
+    kc.copy_(torch.randn(kc.shape, generator=gen))
+    vc.copy_(torch.randn(vc.shape, generator=gen))
+    q = torch.randn(2, 4, 32, generator=gen)
+    q[1, 0, 3] = float("nan")
+    errors = torch.zeros(1, dtype=torch.int32)
+    out = pa.paged_decode(q, kc, vc, torch.tensor([[1, 2, 3, 4], [5, 6, 7, 0]], dtype=torch.int32),
+                          torch.tensor([13, 11], dtype=torch.int32), backend=backend,
+                          partition_size=16, errors=errors)
+    assert bool(torch.isnan(out[1, 0]).all()) and not bool(torch.isnan(out[1, 1:]).any())
+    assert not bool(torch.isnan(out[0]).any())
+    assert int(errors) == 0

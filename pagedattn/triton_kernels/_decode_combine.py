@@ -19,7 +19,6 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     out_ptr, lse_ptr,  # [B, LQ, Hq, D], float32 [B, LQ, Hq]
                     # float32 [B, Hkv * HSPLIT, P, R, 2], [B, Hkv * HSPLIT, P, R, D]
                     ws_ml_ptr, ws_o_ptr,
-                    err_ptr,  # int32 [1] (HAS_ERR) or a dummy
                     Hq, LQ, P, PART, NB, FILL_N, SLOTS, FINE, BT_W, BS,
                     stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
                     G: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
@@ -27,7 +26,7 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
                     C_STAGES: tl.constexpr, PDL: tl.constexpr,
                     HAS_SINK: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
                     RETURN_LSE: tl.constexpr, BAL: tl.constexpr, NB_BLOCK: tl.constexpr,
-                    GUARD: tl.constexpr, HAS_ERR: tl.constexpr, HSPLIT: tl.constexpr):
+                    GUARD: tl.constexpr, HSPLIT: tl.constexpr):
     """Merge the partition states of one output row in partition order (``_decode_state.merge``,
     the one-pass loop's arithmetic) and write out/lse.
 
@@ -138,6 +137,6 @@ def _combine_kernel(seq_lens_ptr,  # int32 [B]
             sink = tl.load(sinks_ptr + qh)
         o, lse2 = finalize_state(big_m, big_l, big_a, sink, HAS_SINK)
         # a partition parked poisoned (l NaN: the guards) makes the row NaN through the merge
-        _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, d, one == 0,
+        _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, one == 0,
                     (one + dc) == 0, d_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh,
-                    RETURN_LSE, HAS_ERR)
+                    RETURN_LSE)

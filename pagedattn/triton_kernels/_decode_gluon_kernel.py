@@ -52,11 +52,9 @@ def _park(ws_ml_ptr, ws_o_ptr, row0, m, l, acc, R: gl.constexpr, D: gl.constexpr
 @gluon.jit
 def _finish(out_ptr, lse_ptr, s, h, m, l, acc, Hq, LQ, stride_ob, stride_ot, stride_oh,
             G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, RETURN_LSE: gl.constexpr,
-            ROW_O: gl.constexpr, COL_O: gl.constexpr, err_ptr=None,
-            HAS_ERR: gl.constexpr = False):
+            ROW_O: gl.constexpr, COL_O: gl.constexpr):
     """``_common.finalize_state`` (no sinks) and ``_decode_kernels._store_rows``: normalise,
-    store out (and the natural-log lse) of rows [0, R); a poisoned row (l NaN) is NaN, counted
-    in err_ptr (HAS_ERR)."""
+    store out (and the natural-log lse) of rows [0, R); a poisoned row (l NaN) is NaN."""
     m_safe = gl.where(m == float("-inf"), 0.0, m)
     r = gl.full(m.shape, 1.0, gl.float32, ROW_O)
     inv = gl.where(l > 0, r / gl.where(l > 0, l, 1.0), 0.0)
@@ -74,10 +72,6 @@ def _finish(out_ptr, lse_ptr, s, h, m, l, acc, Hq, LQ, stride_ob, stride_ot, str
         lse2 = gl.where(l > 0, m_safe + gl.log2(gl.where(l > 0, l, 1.0)), float("-inf"))
         lse2 = gl.where(l == l, lse2, l)
         gl.store(lse_ptr + ((s * LQ + qi) * Hq + qh), lse2 * _LN2, mask=ok)
-    if HAS_ERR:
-        n_bad = gl.sum(((l != l) & ok).to(gl.int32), 0)
-        if n_bad > 0:
-            gl.atomic_add(err_ptr, n_bad)
 
 
 @gluon.jit
@@ -156,6 +150,11 @@ def decode_sm90(
         bad = bad_len | _bad_ids(bt_row, t_lo // PAGE, (t_hi + PAGE - 1) // PAGE, NBLK,
                                  num_warps)
         l0 = gl.where(bad, float("nan"), 0.0)
+        if HAS_ERR:  # the guards' count: each guarded row once (never the data's NaN)
+            if bad:  # counted by the sequence's first guarded program
+                later = _bad_ids(bt_row, 0, (t_lo + PAGE - 1) // PAGE, NBLK, num_warps)
+                if bad_len | ~later:
+                    gl.atomic_add(err_ptr, R)
 
     rows_s = gl.arange(0, _BLOCK_M, layout=ROW_S)
     pos = seq_len - LQ + rows_s // G  # [M] absolute query position of each row
@@ -222,12 +221,12 @@ def decode_sm90(
 
     if ONE_PASS:
         _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O, err_ptr, HAS_ERR)
+                stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
     elif BAL:
         if whole:
             _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                    stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O, err_ptr, HAS_ERR)
+                    stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)
     elif n_parts == 1:  # the state one pass would hold: one fold into the empty state
         big_m, big_l, big_a = _fold(big_m, big_l, big_a, m_i, l_i, o, ROW_O)
         _finish(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O, err_ptr, HAS_ERR)
+                stride_oh, G, R, D, RETURN_LSE, ROW_O, COL_O)

@@ -80,10 +80,9 @@ def _park_t(ws_ml_ptr, ws_o_ptr, row0, m, l, acc, R: gl.constexpr, D: gl.constex
 @gluon.jit
 def _finish_t(out_ptr, lse_ptr, s, h, m, l, acc, Hq, LQ, stride_ob, stride_ot, stride_oh,
               G: gl.constexpr, R: gl.constexpr, D: gl.constexpr, RETURN_LSE: gl.constexpr,
-              ROW_O: gl.constexpr, COL_O: gl.constexpr, err_ptr=None,
-              HAS_ERR: gl.constexpr = False):
+              ROW_O: gl.constexpr, COL_O: gl.constexpr):
     """``_decode_gluon_kernel._finish`` on a transposed state: normalise, store out (and lse);
-    a poisoned row (l NaN) is NaN, counted in err_ptr (HAS_ERR)."""
+    a poisoned row (l NaN) is NaN."""
     m_safe = gl.where(m == float("-inf"), 0.0, m)
     one = gl.full(m.shape, 1.0, gl.float32, COL_O)
     inv = gl.where(l > 0, one / gl.where(l > 0, l, 1.0), 0.0)
@@ -101,10 +100,6 @@ def _finish_t(out_ptr, lse_ptr, s, h, m, l, acc, Hq, LQ, stride_ob, stride_ot, s
         lse2 = gl.where(l > 0, m_safe + gl.log2(gl.where(l > 0, l, 1.0)), float("-inf"))
         lse2 = gl.where(l == l, lse2, l)
         gl.store(lse_ptr + ((s * LQ + qi) * Hq + qh), lse2 * _LN2, mask=ok)
-    if HAS_ERR:
-        n_bad = gl.sum(((l != l) & ok).to(gl.int32), 0)
-        if n_bad > 0:
-            gl.atomic_add(err_ptr, n_bad)
 
 
 @gluon.jit
@@ -164,8 +159,7 @@ def _end_tile_t(ws_ml_ptr, ws_o_ptr, ws_row0, end, t_hi, n_parts, m_i, l_i, o, b
 def _epilogue_t(out_ptr, lse_ptr, s, h, n_parts, m_i, l_i, o, big_m, big_l, big_a, Hq, LQ,
                 stride_ob, stride_ot, stride_oh, G: gl.constexpr, R: gl.constexpr,
                 ONE_PASS: gl.constexpr, RETURN_LSE: gl.constexpr, MMA: gl.constexpr,
-                BAL: gl.constexpr = False, whole=False, err_ptr=None,
-                HAS_ERR: gl.constexpr = False):
+                BAL: gl.constexpr = False, whole=False):
     """Store out (and lse) where this program finishes its sequence: one pass, a balanced
     program that owns its sequence (BAL and whole), or a split sequence of one partition (the
     state one pass would hold: one fold into the empty one)."""
@@ -173,15 +167,15 @@ def _epilogue_t(out_ptr, lse_ptr, s, h, n_parts, m_i, l_i, o, big_m, big_l, big_
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
     if ONE_PASS:
         _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                  stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL, err_ptr, HAS_ERR)
+                  stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL)
     elif BAL:
         if whole:
             _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                      stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL, err_ptr, HAS_ERR)
+                      stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL)
     elif n_parts == 1:
         big_m, big_l, big_a = _fold_t(big_m, big_l, big_a, m_i, l_i, o, COL)
         _finish_t(out_ptr, lse_ptr, s, h, big_m, big_l, big_a, Hq, LQ, stride_ob, stride_ot,
-                  stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL, err_ptr, HAS_ERR)
+                  stride_oh, G, R, o.shape[0], RETURN_LSE, ROW, COL)
 
 
 @gluon.jit
@@ -254,6 +248,11 @@ def decode_sm90_swap(
         bad = bad_len | _bad_ids(bt_row, t_lo // PAGE, (t_hi + PAGE - 1) // PAGE, NBLK,
                                  num_warps)
         l0 = gl.where(bad, float("nan"), 0.0)
+        if HAS_ERR:  # the guards' count: each guarded row once (never the data's NaN)
+            if bad:  # counted by the sequence's first guarded program
+                later = _bad_ids(bt_row, 0, (t_lo + PAGE - 1) // PAGE, NBLK, num_warps)
+                if bad_len | ~later:
+                    gl.atomic_add(err_ptr, R)
 
     qrow = gl.arange(0, NQ, layout=COL_S)
     pos = seq_len - LQ + qrow // G  # [NQ] absolute query position of each row
@@ -293,5 +292,4 @@ def decode_sm90_swap(
     async_copy.wait_group(0)  # no copy outlives the program
 
     _epilogue_t(out_ptr, lse_ptr, s, h, n_parts, m_i, l_i, o, big_m, big_l, big_a, Hq, LQ,
-                stride_ob, stride_ot, stride_oh, G, R, ONE_PASS, RETURN_LSE, MMA, BAL, whole,
-                err_ptr, HAS_ERR)
+                stride_ob, stride_ot, stride_oh, G, R, ONE_PASS, RETURN_LSE, MMA, BAL, whole)

@@ -220,22 +220,16 @@ def _attend(q, q2, t_lo, t_hi, blk_n, l0, h, pos, slope2, d, d_mask, d2, d2_mask
 
 
 @triton.jit
-def _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, d, row_ok, lse_ok, d_mask, v_scale,
+def _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, d, row_ok, lse_ok, d_mask, v_scale,
                 Hq, LQ, stride_ob: tl.int64, stride_ot: tl.int64, stride_oh: tl.int64,
-                RETURN_LSE: tl.constexpr, HAS_ERR: tl.constexpr):
-    """out[s, qi, qh, :] = o * v_scale; lse[s, qi, qh] = natural log (contiguous [B, LQ, Hq]).
-    HAS_ERR: the rows lse_ok selects whose lse2 is NaN (poisoned by the guards) join the error
-    count at err_ptr."""
+                RETURN_LSE: tl.constexpr):
+    """out[s, qi, qh, :] = o * v_scale; lse[s, qi, qh] = natural log (contiguous [B, LQ, Hq])."""
     o_off = s * stride_ob + qi[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :]
     tl.store(out_ptr + o_off, (o * v_scale).to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None] & d_mask[None, :])
     if RETURN_LSE:
         l_off = (s * LQ + qi) * Hq + qh
         tl.store(lse_ptr + l_off, lse2 * 0.6931471805599453, mask=lse_ok)
-    if HAS_ERR:
-        n_bad = tl.sum(((lse2 != lse2) & lse_ok).to(tl.int32))
-        if n_bad > 0:
-            tl.atomic_add(err_ptr, n_bad)
 
 
 @triton.jit
@@ -397,6 +391,11 @@ def _decode_kernel(
         bad = bad_len | _bad_ids(bt_row_ptr, t_lo // BS, (t_hi + BS - 1) // BS, NBLK, SCAN)
         t_hi = tl.where(bad, t_lo, t_hi)  # a bad id: no tile at all
         l0 = tl.where(bad, float("nan"), 0.0)  # and a poisoned state
+        if HAS_ERR:  # the guards' count: each guarded row once (never the data's NaN)
+            if bad:  # counted by the sequence's first guarded program
+                later = _bad_ids(bt_row_ptr, first // BS, (t_lo + BS - 1) // BS, NBLK, SCAN)
+                if tl.where(bad_len, t_lo <= first, ~later):
+                    tl.atomic_add(err_ptr, tl.sum(row_ok.to(tl.int32)))
 
     if p < n_parts:  # split: programs past the sequence's last partition have nothing to do
         if BAL:  # one loop per kind of program, each with its launch shape's registers
@@ -440,16 +439,16 @@ def _decode_kernel(
         if BAL:
             if whole:
                 o, lse2 = finalize_state(m, l, acc, sink, HAS_SINK)
-                _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, dv, row_ok, row_ok,
-                            dv_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE,
-                            HAS_ERR)
+                _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, dv, row_ok, row_ok,
+                            dv_mask, v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh,
+                            RETURN_LSE)
         elif ONE_PASS or n_parts == 1:
             if not ONE_PASS:  # the state one-pass would hold: one merge into the empty state
                 m, l, acc = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32),
                                    tl.zeros((BLOCK_M,), tl.float32),
                                    tl.zeros((BLOCK_M, BLOCK_DV), tl.float32), m, l, acc)
             o, lse2 = finalize_state(m, l, acc, sink, HAS_SINK)
-            _store_rows(out_ptr, lse_ptr, err_ptr, o, lse2, s, qi, qh, dv, row_ok, row_ok, dv_mask,
-                        v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE, HAS_ERR)
+            _store_rows(out_ptr, lse_ptr, o, lse2, s, qi, qh, dv, row_ok, row_ok, dv_mask,
+                        v_scale, Hq, LQ, stride_ob, stride_ot, stride_oh, RETURN_LSE)
         elif not MULTI:  # park (m_p, l_p, acc_p) for the combine (MULTI parked in the loop)
             _park(ws_ml_ptr, ws_o_ptr, ws_row0 + p * R + rows, row_ok, m, l, acc, dv, dv_mask, DV)

@@ -367,11 +367,12 @@ def run(call):
             rec, _combine_kernel, (hkv_p, nb, rc * c_dsplit),
             seq_lens_ptr=call.seq_lens, v_scale_ptr=o.v_scale if has_kv_scale else dummy,
             sinks_ptr=o.sinks if o.sinks is not None else dummy, out_ptr=out4, lse_ptr=lse,
-            ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, err_ptr=err if err is not None else dummy, Hq=hq,
+            ws_ml_ptr=ws_ml, ws_o_ptr=ws_o, Hq=hq,
             LQ=lq, P=n_part_max, PART=part, BT_W=call.block_table.shape[1], BS=bs,
             stride_ob=out4.stride(0), stride_ot=out4.stride(1), stride_oh=out4.stride(2),
             UNROLL=c_unroll, DSPLIT=c_dsplit, C_STAGES=c_stages, PDL=pdl, num_warps=c_warps,
-            launch_pdl=pdl, **bal, **{**common, "D": dv, "BLOCK_D": block_dv})
+            launch_pdl=pdl, **bal,
+            **{**{k: v for k, v in common.items() if k != "HAS_ERR"}, "D": dv, "BLOCK_D": block_dv})
     if rec is not None and (replay := rec.replay()) is not None:
         _replay.store(key, replay)
     return lse.view(q.shape[:-1]) if call.return_lse else None
