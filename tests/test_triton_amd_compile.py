@@ -99,16 +99,30 @@ def _compile_all(arch: str):
                            HAS_WINDOW=False, HAS_CAP=False, HAS_ALIBI=False, IEEE=False,
                            F16_DOT=DC._f16_dot(torch.bfloat16, kv, None), BLOCK_M=block_m,
                            NB=8, FILL_N=9, SLOTS=1, FINE=1, BAL=mode == "balance", NB_BLOCK=256, PART=512,
-                           **guard)
+                           DV=128, BLOCK_DV=128, HAS_TAIL=False, BLOCK_DT=16, V_IS_K=False,
+                           HSPLIT=1, **guard)
                 kvt = fp8.get(kv, "*bf16")
                 build(f"decode_rows{rows}_{str(kv)[6:]}_{mode}", _decode_kernel, cst, warps,
                       stages, ptrs={"k_ptr": kvt, "v_ptr": kvt})
+    # MLA's absorbed decode: K 576 = 512 + a 64-column tail, V the K tile, 16 rows a program
+    mbn, mwarps, mstages = DC._CONFIGS["amd"][(1024, 16)]
+    for mode in ("one_pass", "balance"):
+        build(f"decode_mla_{mode}", _decode_kernel, dict(
+            G=128, R=16, D=576, BLOCK_D=512, HAS_SINK=False, HAS_KV_SCALE=False, RETURN_LSE=True,
+            BS=16, K_X=576, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True, BLOCK_N=mbn,
+            ONE_BLOCK=True, ONE_PASS=mode == "one_pass", MULTI=False,
+            LAZY_L=DC._lazy_rowsum(16, mbn), PDL=False, PPP=1, CAUSAL=False, HAS_WINDOW=False,
+            HAS_CAP=False, HAS_ALIBI=False, IEEE=False, F16_DOT=False, BLOCK_M=16, NB=8,
+            FILL_N=9, SLOTS=1, FINE=1, BAL=mode == "balance", NB_BLOCK=256, PART=512, DV=512,
+            BLOCK_DV=512, HAS_TAIL=True, BLOCK_DT=64, V_IS_K=True, HSPLIT=8, **guard),
+            mwarps, mstages)
     unroll, cw, dsplit, cstages = DC._combine_config(128, 64)
     for bal in (False, True):
         build(f"combine_bal{int(bal)}", _combine_kernel,
               dict(G=4, R=4, D=128, BLOCK_D=128, HAS_SINK=False, HAS_KV_SCALE=False,
                    RETURN_LSE=True, UNROLL=unroll, DSPLIT=dsplit, C_STAGES=cstages, PDL=False,
-                   NB=8, FILL_N=9, SLOTS=1, FINE=1, BAL=bal, NB_BLOCK=256, **guard), cw)
+                   NB=8, FILL_N=9, SLOTS=1, FINE=1, BAL=bal, NB_BLOCK=256, GUARD=True,
+                   HSPLIT=1), cw)
     # extend: the gfx9 defaults of every head dim, each loop the launcher picks
     for d in (64, 128, 256):
         cfg = EC._DEFAULTS["gfx9"][d]
@@ -122,7 +136,8 @@ def _compile_all(arch: str):
                        NEW_FROM_CACHE=new_from_cache, HAS_MASK=has_mask, HAS_WINDOW=False,
                        HAS_CAP=False, HAS_ALIBI=False, HAS_SINKS=False, KV_FP8=False,
                        RETURN_LSE=True, IEEE=False, ONE_LOOP=one, BLOCK_M=c.block_m,
-                       BLOCK_N=c.block_n, BLOCK_NM=EC.masked_tile(c), **guard)
+                       BLOCK_N=c.block_n, BLOCK_NM=EC.masked_tile(c), HEAD_DIM_V=d,
+                       HEAD_DIM_VP=d, **guard)
             build(f"extend_d{d}_{loop}", _extend_fwd, cst, c.num_warps, c.num_stages,
                   extra=dict(waves_per_eu=c.waves_per_eu,
                              matrix_instr_nonkdim=c.matrix_instr_nonkdim))
@@ -133,7 +148,8 @@ def _compile_all(arch: str):
         build(f"store_kv_{str(kv)[6:]}_dup{int(dup)}", _store_kv_kernel,
               dict(D=128, BS=16, BLOCK_D=128, K_X=8, K_SPLIT=True, K_LO_ONE=True, V_LO_ONE=True,
                    FP8=is8, FMAX=float(torch.finfo(kv).max) if is8 else 0.0, MBITS=mbits,
-                   EMIN=emin, DUP_MASK=dup, BLOCK_T=KS.BLOCK_T, **guard), 1,
+                   EMIN=emin, DUP_MASK=dup, BLOCK_T=KS.BLOCK_T, DV=128, BLOCK_DV=128,
+                   HAS_V=True, **guard), 1,
               ptrs={"k_cache_ptr": kvt, "v_cache_ptr": kvt, "dup_ptr": "*u8",
                     "errors_ptr": "*i32"})
     for flat, mask in ((True, False), (False, True)):

@@ -65,6 +65,8 @@ def spills_in_loops(sass):
 bs = int(sys.argv[1])
 common = dict(G=4, R=4, D=128, BLOCK_D=128, HAS_SINK=False, HAS_KV_SCALE=False,
               RETURN_LSE=True)
+# K and V 128 wide, one tile each, one program per KV head
+HEADS = dict(DV=128, BLOCK_DV=128, HAS_TAIL=False, BLOCK_DT=16, V_IS_K=False, HSPLIT=1)
 bn, warps, stages = D._CONFIGS["nvidia"][(128, 16)]  # the launcher's tiles for 32/8, D 128
 fp8_bn, fp8_warps, fp8_stages = D._FP8_CONFIGS[("nvidia", (128, 16))]
 # a small stack at most: the fp8 balanced loop holds 255 registers and up to 16 bytes of
@@ -83,7 +85,7 @@ def compile_decode(kv, one_pass, multi, bal, opts=False, **options):
         BLOCK_M=16, BLOCK_N=tile, PART=512, ONE_BLOCK=bs % tile == 0, ONE_PASS=one_pass,
         MULTI=multi, LAZY_L=D._lazy_rowsum(16, tile), PDL=not one_pass, CAUSAL=False, BAL=bal,
         NB_BLOCK=256, HAS_WINDOW=opts, HAS_CAP=opts, HAS_ALIBI=opts, IEEE=False, F16_DOT=fp8,
-        HAS_KV_SCALE=fp8, GUARD=True, HAS_ERR=True), ("scale", "cap"),
+        HAS_KV_SCALE=fp8, GUARD=True, HAS_ERR=True, **HEADS), ("scale", "cap"),
         num_warps=fp8_warps if fp8 else warps, num_stages=fp8_stages if fp8 else stages,
         **options)
 
@@ -128,9 +130,25 @@ unroll, warps, dsplit, c_stages = D.SPLIT_COMBINE
 for bal in (False, True):
     k = compile_one(_combine_kernel, dict(common, UNROLL=unroll, DSPLIT=dsplit,
                                           C_STAGES=c_stages, PDL=True, BAL=bal, NB_BLOCK=256,
-                                          GUARD=True, HAS_ERR=True), (),
+                                          GUARD=True, HSPLIT=1), (),
                     num_warps=warps)
     assert "griddepcontrol.wait" in k.asm["ptx"]
+# MLA's absorbed decode on the launcher's tiles (decode.head_tiles, _head_split, the (1024, 16)
+# config): K 576 = a 512-column tile + a 64-column tail, V the K tile's 512 columns, 16 of the
+# group's rows per program; one-pass, split and balanced
+mla_bn, mla_warps, mla_stages = D._CONFIGS["nvidia"][(1024, 16)]
+for one_pass, multi, bal in ((True, False, False), (False, True, False), (False, False, True)):
+    k = compile_one(_decode_kernel, dict(
+        common, G=128, R=16, D=576, BLOCK_D=512, DV=512, BLOCK_DV=512, HAS_TAIL=True,
+        BLOCK_DT=64, V_IS_K=True, HSPLIT=8, BS=bs, K_X=576, K_SPLIT=False, K_LO_ONE=True,
+        V_LO_ONE=True, BLOCK_M=16, BLOCK_N=mla_bn, PART=512, ONE_BLOCK=bs % mla_bn == 0,
+        ONE_PASS=one_pass, MULTI=multi, LAZY_L=D._lazy_rowsum(16, mla_bn), PDL=not one_pass,
+        CAUSAL=False, BAL=bal, NB_BLOCK=256, HAS_WINDOW=False, HAS_CAP=False,
+        HAS_ALIBI=False, IEEE=False, F16_DOT=False, GUARD=True, HAS_ERR=True),
+        ("scale", "cap"), num_warps=mla_warps, num_stages=mla_stages)
+    res = resource_usage(k)
+    print("mla", one_pass, multi, bal, res, "smem", k.metadata.shared)
+    assert k.metadata.shared <= 228 * 1024, k.metadata.shared
 print("DECODE_COMPILES_OK")
 """
 

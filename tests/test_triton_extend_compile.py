@@ -23,7 +23,8 @@ def _compile_offline(target, loop="twostage", new_from_cache=True):
                CAUSAL=True,
                NEW_FROM_CACHE=new_from_cache, HAS_MASK=False, HAS_WINDOW=False, HAS_CAP=False,
                HAS_ALIBI=False, HAS_SINKS=False, KV_FP8=False, RETURN_LSE=True, IEEE=False,
-               ONE_LOOP=loop == "onepass", GUARD=True, HAS_ERR=True)
+               ONE_LOOP=loop == "onepass", GUARD=True, HAS_ERR=True, HEAD_DIM_V=128,
+               HEAD_DIM_VP=128)
     ptr = {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32", "mask_ptr": "*u8",
            "mask_indptr_ptr": "*i32", "lse_ptr": "*fp32", "kscale_ptr": "*fp32", "err_ptr": "*i32",
            "vscale_ptr": "*fp32", "alibi_ptr": "*fp32", "sinks_ptr": "*fp32"}

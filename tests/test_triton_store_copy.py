@@ -276,7 +276,8 @@ for guard, mask in ((False, False), (True, False), (True, True)):
     flags = dict(GUARD=guard, HAS_ERR=guard)
     compile_one(kv_store._store_kv_kernel, dict(
         D=128, BS=16, BLOCK_D=128, K_X=128, K_SPLIT=False, K_LO_ONE=True, V_LO_ONE=True,
-        FP8=False, FMAX=0.0, MBITS=0, EMIN=0, DUP_MASK=mask, BLOCK_T=kv_store.BLOCK_T, **flags),
+        FP8=False, FMAX=0.0, MBITS=0, EMIN=0, DUP_MASK=mask, BLOCK_T=kv_store.BLOCK_T, DV=128,
+        BLOCK_DV=128, HAS_V=True, **flags),
         dict(k_ptr="*bf16", v_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16",
              slot_mapping_ptr="*i32", k_scale_ptr="*fp32", v_scale_ptr="*fp32", dup_ptr="*u8",
              errors_ptr="*i32"), 1)
