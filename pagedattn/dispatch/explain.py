@@ -29,7 +29,13 @@ def facts_for_call(op: str, *args, **kwargs):
         k = a["k_cache"]
         k0 = k if not isinstance(k, (list, tuple)) else k[0]
         return a["backend"], dict(q=None, k_cache=k0, layout=None, geom=None)
-    g = V.check_cache(a["k_cache"], a["v_cache"], a["layout"])
+    if op == "store_kv":  # v_cache None: an MLA latent cache, K only
+        g = V.check_cache(a["k_cache"], a["v_cache"] if a["v_cache"] is not None
+                          else a["k_cache"], a["layout"])
+    else:  # v_cache None: V is the K cache's first head_dim_v columns
+        g = V.check_cache(a["k_cache"], V.resolve_v_cache(a["k_cache"], a["v_cache"],
+                                                          a["layout"], a["head_dim_v"]),
+                          a["layout"])
     if op == "store_kv":
         return a["backend"], dict(q=a["k"], k_cache=a["k_cache"], layout=a["layout"], geom=g)
     q = a["q"]

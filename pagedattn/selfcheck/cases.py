@@ -19,7 +19,22 @@ OPS = ("paged_decode", "extend_attention", "store_kv", "copy_blocks")
 F16, BF16, E4M3, E5M2 = torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2
 # (q / k dtype, cache dtype): both 16-bit types, and each fp8 format under one of them
 DTYPES = ((F16, F16), (BF16, BF16), (F16, E5M2), (BF16, E4M3))
-HKV, GROUP, D, BS, NUM_BLOCKS = 2, 2, 64, 16, 12
+NUM_BLOCKS = 12
+
+
+class Geometry(NamedTuple):
+    kv_heads: int
+    group: int
+    head_dim: int
+    head_dim_v: int
+    block_size: int
+    mla: bool  # V is the K cache's first head_dim_v columns (v_cache=None)
+
+
+# base: GQA 2 at D 64, 16-token pages; odd: K 80 / V 48 wide on 6-token pages (not powers of
+# 2); mla: DeepSeek's absorbed form, one latent KV head of 576 columns, V its first 512
+SHAPES = {"base": Geometry(2, 2, 64, 64, 16, False), "odd": Geometry(2, 2, 80, 48, 6, False),
+          "mla": Geometry(1, 16, 576, 512, 16, True)}
 K_SCALE, V_SCALE = 0.37, 3.1  # distinct, so a swapped scale fails
 # (atol, rtol, rel-L2 bound, LSE atol) by the dtype that limits accuracy
 TOL = {F16: (2e-3, 2e-3, 2e-3, 1e-3), BF16: (1.5e-2, 1e-2, 1e-2, 1e-2),
@@ -31,11 +46,17 @@ class Case(NamedTuple):
     layout: str
     dtype: torch.dtype  # q's (store_kv: k's; copy_blocks: the cache's)
     kv_dtype: torch.dtype
+    shape: str = "base"  # a key of SHAPES
+
+    @property
+    def geom(self) -> Geometry:
+        return SHAPES[self.shape]
 
     @property
     def name(self) -> str:
         kv = "" if self.kv_dtype == self.dtype else "/" + _short(self.kv_dtype)
-        return f"{self.op} {self.layout} {_short(self.dtype)}{kv}"
+        shape = "" if self.shape == "base" else f" {self.shape}"
+        return f"{self.op} {self.layout} {_short(self.dtype)}{kv}{shape}"
 
 
 def _short(dtype) -> str:
@@ -49,6 +70,11 @@ def all_cases():
                 if op == "copy_blocks" and dtype == BF16:
                     continue  # a bitwise copy: one 16-bit and one fp8 cache per layout suffice
                 yield Case(op, layout, dtype, kv)
+    # the new shapes, once per op in the layout engines use for them, each 16-bit type and e5m2
+    for op in ("paged_decode", "extend_attention", "store_kv"):
+        for shape in ("odd", "mla"):
+            for dtype, kv in ((F16, F16), (BF16, BF16), (F16, E5M2)):
+                yield Case(op, "bshd", dtype, kv, shape)
 
 
 def _fp8(dtype) -> bool:
@@ -66,21 +92,43 @@ def _randn(shape, dtype, gen, device):
 def _paged(case, lens, gen, device):
     """A NaN-poisoned cache holding N(0, 1) tokens for ``lens`` on scattered blocks (block 0, the
     padding of every table row, is never written), and the block table."""
-    ks, vs = L.kv_cache_shapes(NUM_BLOCKS, BS, HKV, D, case.layout, case.kv_dtype)
-    k = torch.full(ks, float("nan")).to(case.kv_dtype).to(device)
-    v = torch.full(vs, float("nan")).to(case.kv_dtype).to(device)
+    g = case.geom
+    bs = g.block_size
+    k, v = _nan_cache(case, device)
     perm = (torch.randperm(NUM_BLOCKS - 1, generator=gen) + 1).tolist()
-    width = max(-(-n // BS) for n in lens)
+    width = max(-(-n // bs) for n in lens)
     table = torch.zeros(len(lens), width, dtype=torch.int32)
     for i, n in enumerate(lens):
-        ids = [perm.pop() for _ in range(-(-n // BS))]
+        ids = [perm.pop() for _ in range(-(-n // bs))]
         table[i, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
-        blocks, offs = L.slots_of(table[i], torch.arange(n), BS)
-        slots = blocks * BS + offs
-        R.store_kv(_randn((n, HKV, D), torch.float32, gen, device),
-                   _randn((n, HKV, D), torch.float32, gen, device), k, v, slots.to(device),
+        blocks, offs = L.slots_of(table[i], torch.arange(n), bs)
+        slots = blocks * bs + offs
+        R.store_kv(_randn((n, g.kv_heads, g.head_dim), torch.float32, gen, device),
+                   None if g.mla else _randn((n, g.kv_heads, g.head_dim_v), torch.float32, gen,
+                                             device), k, v, slots.to(device),
                    layout=case.layout, **_scales(case))
-    return k, v, table.to(device)
+    return k, (None if g.mla else v), table.to(device)
+
+
+def _nan_cache(case, device):
+    """(k, v) full of NaN; for MLA v is the K cache's leading head_dim_v columns."""
+    g = case.geom
+    ks, vs = L.kv_cache_shapes(NUM_BLOCKS, g.block_size, g.kv_heads, g.head_dim, case.layout,
+                               case.kv_dtype, g.head_dim_v)
+    k = torch.full(ks, float("nan")).to(case.kv_dtype).to(device)
+    v = k[..., :g.head_dim_v] if g.mla else \
+        torch.full(vs, float("nan")).to(case.kv_dtype).to(device)
+    return k, v
+
+
+def _kw(case):
+    g = case.geom
+    return dict(layout=case.layout, **_scales(case), **({"head_dim_v": g.head_dim_v}
+                                                          if g.mla else {}))
+
+
+def _ref_v(k, v, case):
+    return k[..., :case.geom.head_dim_v] if v is None else v
 
 
 def _close(out, ref, lse, ref_lse, case) -> str:
@@ -108,26 +156,34 @@ def _close(out, ref, lse, ref_lse, case) -> str:
 
 
 def _decode(case, gen, device):
+    g = case.geom
     lens = [1, 17, 40]  # one token, one past a block, several blocks
     k, v, table = _paged(case, lens, gen, device)
-    q = _randn((len(lens), HKV * GROUP, D), case.dtype, gen, device)
+    q = _randn((len(lens), g.kv_heads * g.group, g.head_dim), case.dtype, gen, device)
     seq = torch.tensor(lens, dtype=torch.int32, device=device)
-    args, kw = (q, k, v, table, seq), dict(layout=case.layout, **_scales(case))
-    return args, kw, lambda: R.paged_decode(*(t.cpu() for t in args), return_lse=True, **kw)
+    args, kw = (q, k, v, table, seq), _kw(case)
+    ref = (q, k, _ref_v(k, v, case), table, seq)
+    rkw = dict(layout=case.layout, **_scales(case))
+    return args, kw, lambda: R.paged_decode(*(t.cpu() for t in ref), return_lse=True, **rkw)
 
 
 def _extend(case, gen, device):
+    g = case.geom
     q_lens, lens = [5, 3], [21, 3]  # a 16-token prefix with 5 new; a 3-token pure prefill
     k, v, table = _paged(case, lens, gen, device)
-    q = _randn((sum(q_lens), HKV * GROUP, D), case.dtype, gen, device)
+    q = _randn((sum(q_lens), g.kv_heads * g.group, g.head_dim), case.dtype, gen, device)
     cu = torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32, device=device)
     seq = torch.tensor(lens, dtype=torch.int32, device=device)
-    args, kw = (q, k, v, table, cu, seq), dict(layout=case.layout, **_scales(case))
-    return args, kw, lambda: R.extend_attention(*(t.cpu() for t in args), return_lse=True, **kw)
+    args, kw = (q, k, v, table, cu, seq), _kw(case)
+    ref = (q, k, _ref_v(k, v, case), table, cu, seq)
+    rkw = dict(layout=case.layout, **_scales(case))
+    return args, kw, lambda: R.extend_attention(*(t.cpu() for t in ref), return_lse=True, **rkw)
 
 
 def _random_cache(case, gen, device):
-    ks, vs = L.kv_cache_shapes(NUM_BLOCKS, BS, HKV, D, case.layout, case.kv_dtype)
+    g = case.geom
+    ks, vs = L.kv_cache_shapes(NUM_BLOCKS, g.block_size, g.kv_heads, g.head_dim, case.layout,
+                               case.kv_dtype, g.head_dim_v)
     return (_randn(ks, torch.float32, gen, "cpu").to(case.kv_dtype).to(device),
             _randn(vs, torch.float32, gen, "cpu").to(case.kv_dtype).to(device))
 
@@ -157,17 +213,26 @@ def run_case(case: Case, backend: str, device: torch.device, seed: int = 0
             explain(case.op, *args, backend=backend, quiet=True, **kw)
         except (ValueError, TypeError) as e:
             return "skip", _why_skip(e)
-        out = torch.full_like(args[0], float("nan"))
+        q = args[0]
+        out = torch.full(q.shape[:-1] + (case.geom.head_dim_v,), float("nan"), dtype=q.dtype,
+                         device=q.device)
         got, lse = getattr(pa, case.op)(*args, backend=backend, out=out, return_lse=True, **kw)
         want, want_lse = ref()
         bad = _close(got, want, lse, want_lse, case)
         return ("fail", bad) if bad else ("pass", "")
     kc, vc = _random_cache(case, gen, device)
     if case.op == "store_kv":
-        k = _randn((5, HKV, D), case.dtype, gen, device)
-        v = _randn((5, HKV, D), case.dtype, gen, device)
-        slots = torch.tensor([3, 17, 18, -1, 150], dtype=torch.int64, device=device)
-        args, kw = (k, v, kc, vc, slots), dict(layout=case.layout, **_scales(case))
+        g = case.geom
+        k = _randn((5, g.kv_heads, g.head_dim), case.dtype, gen, device)
+        v = None if g.mla else _randn((5, g.kv_heads, g.head_dim_v), case.dtype, gen, device)
+        cap = NUM_BLOCKS * g.block_size
+        slots = torch.tensor([3, 17, 18, -1, cap - 2], dtype=torch.int64, device=device)
+        if g.mla:
+            vc = None
+        args = (k, v, kc, vc, slots)
+        kw = dict(layout=case.layout, **_scales(case))
+        if g.mla:  # no V: the V scale is not read
+            kw.pop("v_scale", None)
     else:
         mapping = torch.tensor([[1, 5], [3, 0], [2, 7]], dtype=torch.int64, device=device)
         args, kw = (kc, vc, mapping), {}
@@ -175,13 +240,15 @@ def run_case(case: Case, backend: str, device: torch.device, seed: int = 0
         explain(case.op, *args, backend=backend, quiet=True, **kw)
     except (ValueError, TypeError) as e:
         return "skip", _why_skip(e)
-    want_k, want_v = kc.cpu().clone(), vc.cpu().clone()
+    want_k = kc.cpu().clone()
+    want_v = None if vc is None else vc.cpu().clone()
     if case.op == "store_kv":
-        R.store_kv(*(t.cpu() for t in args[:2]), want_k, want_v, slots.cpu(), **kw)
+        R.store_kv(k.cpu(), None if v is None else v.cpu(), want_k, want_v, slots.cpu(), **kw)
     else:
         R.copy_blocks([want_k, want_v], mapping.cpu())
     getattr(pa, case.op)(*args, backend=backend, **kw)
-    bad = _same_cache(kc, want_k, case.kv_dtype) or _same_cache(vc, want_v, case.kv_dtype)
+    bad = _same_cache(kc, want_k, case.kv_dtype) or (
+        "" if vc is None else _same_cache(vc, want_v, case.kv_dtype))
     return ("fail", bad) if bad else ("pass", "")
 
 
