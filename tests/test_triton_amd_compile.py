@@ -137,7 +137,7 @@ def _compile_all(arch: str):
                        HAS_CAP=False, HAS_ALIBI=False, HAS_SINKS=False, KV_FP8=False,
                        RETURN_LSE=True, IEEE=False, ONE_LOOP=one, BLOCK_M=c.block_m,
                        BLOCK_N=c.block_n, BLOCK_NM=EC.masked_tile(c), HEAD_DIM_V=d,
-                       HEAD_DIM_VP=d, **guard)
+                       HEAD_DIM_VP=d, VN_SAME=True, **guard)
             build(f"extend_d{d}_{loop}", _extend_fwd, cst, c.num_warps, c.num_stages,
                   extra=dict(waves_per_eu=c.waves_per_eu,
                              matrix_instr_nonkdim=c.matrix_instr_nonkdim))

@@ -71,12 +71,16 @@ def _extend_fwd(
     GUARD: tl.constexpr,  # the metadata is not trusted (_extend_guard.py)
     HAS_ERR: tl.constexpr,
     HEAD_DIM_V: tl.constexpr, HEAD_DIM_VP: tl.constexpr,  # V's (out's) head dim, padded
+    VN_SAME: tl.constexpr = False,  # v_new's strides are k_new's
 ):
     # Preconditions (launcher): BLOCK_M % GROUP_P == 0, GROUP <= GROUP_P, HEAD_DIM <= HEAD_DIM_P,
     # HEAD_DIM_V <= HEAD_DIM_VP, powers of 2 for every tile dim, q/out/k_new last dim contiguous,
     # 0 <= Lq <= Lk (any Lq when not CAUSAL and NEW_FROM_CACHE: every key is visible to every
     # query, and one stage walks them all).
     LONG_Q: tl.constexpr = (not CAUSAL) and NEW_FROM_CACHE
+    if VN_SAME:  # v_new strided like k_new: one pair of strides (registers on gfx90a)
+        stride_vnt = stride_nt
+        stride_vnh = stride_nh
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_P
     b = tl.program_id(2)
     kvh = tl.program_id(1).to(tl.int64)
@@ -297,7 +301,7 @@ def run(call):
         stride_vdh=vs.dim_hi, stride_vdl=vs.dim_lo,
         K_X=ks.x, K_SPLIT=ks.x < d, K_LO_ONE=ks.dim_lo == 1, V_LO_ONE=vs.dim_lo == 1,
         GROUP=group, GROUP_P=group_p, HEAD_DIM=d, HEAD_DIM_P=d_p, PAGE=g.block_size,
-        HEAD_DIM_V=dv, HEAD_DIM_VP=dv_p,
+        HEAD_DIM_V=dv, HEAD_DIM_VP=dv_p, VN_SAME=v_new.stride()[:2] == k_new.stride()[:2],
         CAUSAL=bool(call.causal), NEW_FROM_CACHE=call.k_new is None, HAS_MASK=mask is not None,
         HAS_WINDOW=o.sliding_window is not None, HAS_CAP=o.logit_cap is not None,
         HAS_ALIBI=o.alibi_slopes is not None, HAS_SINKS=o.sinks is not None, KV_FP8=kv_fp8,
