@@ -68,9 +68,17 @@ def _count_guarded(err_ptr, bt_row_ptr, bad_len, first, t_lo, nblk, n_rows, BS: 
 
 
 @triton.jit
-def _fp16_q2(q, q2, HAS_TAIL: tl.constexpr):
-    """:func:`_fp16_q` of a q split into a main tile and a tail tile (HAS_TAIL; else q2 is
-    passed through): one exponent for both, so the two dots share one logit scale."""
+def _fp16_q(q, q2, HAS_TAIL: tl.constexpr):
+    """(q * 2^-e, q2 * 2^-e in fp16, 2^e) for a bf16 q tile (and its tail tile q2 when
+    HAS_TAIL; else q2 is passed through) over an fp8 cache (F16_DOT, decode._f16_dot).
+
+    Every e4m3 and e5m2 value is exact in fp16, and fp8 -> fp16 is one cvt per pair on sm_89+,
+    where fp8 -> bf16 takes several instructions per element: a decode loop that converts every
+    K/V element is instruction-bound (H200: fp8 caches ran at 0.33-0.47 of the read ceiling).
+    q is scaled by an exact power of 2 so that max |q| < 2^15 fits fp16 (e = 0 for any sane q),
+    and 2^e joins the logit scale; fp16 keeps 3 more mantissa bits than bf16. P in [0, 1] also
+    runs in fp16. One exponent for both tiles, so the two dots share one logit scale.
+    """
     qf = q.to(tl.float32)
     amax = tl.max(tl.max(tl.abs(qf), axis=1), axis=0)
     q2f = q2.to(tl.float32)
@@ -80,25 +88,6 @@ def _fp16_q2(q, q2, HAS_TAIL: tl.constexpr):
     down = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, exact
     up = ((127 + e) << 23).to(tl.float32, bitcast=True)  # 2^e
     return (qf * down).to(tl.float16), (q2f * down).to(tl.float16), up
-
-
-@triton.jit
-def _fp16_q(q):
-    """(q * 2^-e in fp16, 2^e) for a bf16 q tile over an fp8 cache (F16_DOT, decode._f16_dot).
-
-    Every e4m3 and e5m2 value is exact in fp16, and fp8 -> fp16 is one cvt per pair on sm_89+,
-    where fp8 -> bf16 takes several instructions per element: a decode loop that converts every
-    K/V element is instruction-bound (H200: fp8 caches ran at 0.33-0.47 of the read ceiling).
-    q is scaled by an exact power of 2 so that max |q| < 2^15 fits fp16 (e = 0 for any sane q),
-    and 2^e joins the logit scale; fp16 keeps 3 more mantissa bits than bf16. P in [0, 1] also
-    runs in fp16.
-    """
-    qf = q.to(tl.float32)
-    amax = tl.max(tl.max(tl.abs(qf), axis=1), axis=0)
-    e = tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 141, 0)  # 127 + 14
-    down = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, exact
-    up = ((127 + e) << 23).to(tl.float32, bitcast=True)  # 2^e
-    return (qf * down).to(tl.float16), up
 
 
 @triton.jit
@@ -353,7 +342,7 @@ def _decode_kernel(
         qk_scale = qk_scale * tl.load(k_scale_ptr + h)
         v_scale = tl.load(v_scale_ptr + h)
     if F16_DOT:  # bf16 q over an fp8 cache: the dots run in fp16 (see _fp16_q)
-        q, q2, q_mul = _fp16_q2(q, q2, HAS_TAIL)
+        q, q2, q_mul = _fp16_q(q, q2, HAS_TAIL)
         qk_scale = qk_scale * q_mul
     if not HAS_CAP:
         qk_scale = qk_scale * 1.4426950408889634
